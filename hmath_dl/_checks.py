@@ -1,0 +1,248 @@
+"""Argument normalisation and validation shared by every facade.
+
+One rule, one helper, one message format: ``function: what is wrong (got X, expected Y)``.
+Every helper takes the public function's name (``fname``) and the argument's name first.
+The helpers never copy more than needed: a C-contiguous float64 input is returned as is
+(kernels never write to their inputs), anything else is converted into a new array.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+import os
+from typing import Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import DomainError, NonFiniteError, ShapeError
+
+# Outputs larger than this many bytes are refused before allocation (ShapeError).
+MAX_ALLOC_BYTES = int(os.environ.get("HMATH_DL_MAX_ALLOC_BYTES", str(1 << 36)))
+_KERNEL_FINITE_THRESHOLD = 1 << 16
+
+
+def shape_str(shape) -> str:
+    """``(2, 3)`` -> ``'[2, 3]'`` (the way shapes appear in messages)."""
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def _type_name(value) -> str:
+    return type(value).__name__
+
+
+# --------------------------------------------------------------------------- scalars
+def integer(fname: str, name: str, value, *, min: Optional[int] = None,
+            max: Optional[int] = None) -> int:
+    """An int (numpy integers accepted; bool and float rejected with TypeError), checked
+    against ``min``/``max`` (inclusive) with DomainError."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fname}: {name} must be an int (got bool {value!r})")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fname}: {name} must be an int (got {_type_name(value)} {value!r})") from None
+    if min is not None and v < min:
+        raise DomainError(f"{fname}: {name} must be >= {min} (got {v})")
+    if max is not None and v > max:
+        raise DomainError(f"{fname}: {name} must be <= {max} (got {v})")
+    return int(v)
+
+
+def real(fname: str, name: str, value, *, positive: bool = False, nonnegative: bool = False,
+         lo: Optional[float] = None, hi: Optional[float] = None,
+         nonfinite_error=DomainError) -> float:
+    """A finite Python float.  Non-finite values raise ``nonfinite_error`` (DomainError for
+    parameters, NonFiniteError for data such as a loss); range violations DomainError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{fname}: {name} must be a real number (got {_type_name(value)} {value!r})")
+    v = float(value)
+    if not np.isfinite(v):
+        raise nonfinite_error(f"{fname}: {name} must be finite (got {v!r})")
+    if positive and not v > 0.0:
+        raise DomainError(f"{fname}: {name} must be > 0 (got {v!r})")
+    if nonnegative and not v >= 0.0:
+        raise DomainError(f"{fname}: {name} must be >= 0 (got {v!r})")
+    if lo is not None and v < lo:
+        raise DomainError(f"{fname}: {name} must be >= {lo!r} (got {v!r})")
+    if hi is not None and v > hi:
+        raise DomainError(f"{fname}: {name} must be <= {hi!r} (got {v!r})")
+    return v
+
+
+def boolean(fname: str, name: str, value) -> bool:
+    """A bool (Python or numpy)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fname}: {name} must be a bool (got {_type_name(value)} {value!r})")
+    return bool(value)
+
+
+def member(fname: str, name: str, value, enum_cls):
+    """``value`` must be a member of ``enum_cls`` (TypeError otherwise)."""
+    if not isinstance(value, enum_cls):
+        members = ", ".join(f"{enum_cls.__name__}.{m.name}" for m in enum_cls)
+        raise TypeError(f"{fname}: {name} must be one of {members} (got {value!r})")
+    return value
+
+
+def axis(fname: str, name: str, value, ndim: int) -> int:
+    """An axis in ``[-ndim, ndim)``, returned non-negative; DomainError otherwise."""
+    a = integer(fname, name, value)
+    if not -ndim <= a < ndim:
+        raise DomainError(f"{fname}: {name} out of range (got {a}, expected -{ndim} <= {name} < {ndim})")
+    return a % ndim
+
+
+def int_tuple(fname: str, name: str, value, length: Optional[int] = None, *,
+              min: Optional[int] = None) -> Tuple[int, ...]:
+    """A tuple of ints.  A single int is repeated ``length`` times when ``length`` is
+    given; a sequence must have exactly ``length`` entries (ShapeError)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if length is None:
+            items = [value]
+        else:
+            items = [value] * length
+    elif isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise TypeError(f"{fname}: {name} must be an int or a sequence of ints (got {_type_name(value)} {value!r})")
+    else:
+        items = list(value)
+    if length is not None and len(items) != length:
+        raise ShapeError(f"{fname}: {name} must have {length} entries, one per spatial axis (got {len(items)}: {tuple(items)!r})")
+    out = tuple(integer(fname, f"{name}[{i}]", v, min=min) for i, v in enumerate(items))
+    return out
+
+
+def shape_tuple(fname: str, name: str, value, *, min_len: int = 0, min: int = 0) -> Tuple[int, ...]:
+    """A shape: a sequence of ints (or one int) each ``>= min``."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        value = (value,)
+    out = int_tuple(fname, name, value, min=min)
+    if len(out) < min_len:
+        raise DomainError(f"{fname}: {name} must have at least {min_len} entries (got {out!r})")
+    return out
+
+
+# --------------------------------------------------------------------------- arrays
+def _to_array(fname: str, name: str, x, dtype) -> np.ndarray:
+    try:
+        raw = np.asarray(x)
+    except Exception as exc:  # ragged lists etc.
+        raise TypeError(f"{fname}: {name} is not an array-like of numbers ({exc})") from None
+    if raw.dtype.kind not in "biuf":
+        raise TypeError(f"{fname}: {name} must hold real numbers (got dtype {raw.dtype})")
+    return raw
+
+
+def tensor(fname: str, name: str, x, *, ndim: Optional[int] = None,
+           min_ndim: Optional[int] = None, max_ndim: Optional[int] = None,
+           nonempty: bool = False, finite: bool = True) -> np.ndarray:
+    """``x`` as a C-contiguous float64 ndarray (the input itself when it already is one).
+
+    Checks the rank (ShapeError), emptiness (ShapeError) and, unless ``finite=False``,
+    finiteness (NonFiniteError).  The result must be treated as read-only.
+    """
+    raw = _to_array(fname, name, x, np.float64)
+    if ndim is not None and raw.ndim != ndim:
+        raise ShapeError(f"{fname}: {name} must have {ndim} axes (got shape {shape_str(raw.shape)})")
+    if min_ndim is not None and raw.ndim < min_ndim:
+        raise ShapeError(f"{fname}: {name} must have at least {min_ndim} axes (got shape {shape_str(raw.shape)})")
+    if max_ndim is not None and raw.ndim > max_ndim:
+        raise ShapeError(f"{fname}: {name} must have at most {max_ndim} axes (got shape {shape_str(raw.shape)})")
+    if nonempty and raw.size == 0:
+        raise ShapeError(f"{fname}: {name} must not be empty (got shape {shape_str(raw.shape)})")
+    arr = np.ascontiguousarray(raw, dtype=np.float64)
+    if finite:
+        require_finite(fname, name, arr)
+    return arr
+
+
+def is_finite(arr: np.ndarray) -> bool:
+    """True iff every element of the float64 array is finite (fast for large arrays)."""
+    if arr.size >= _KERNEL_FINITE_THRESHOLD:
+        from ._kernels.checks import all_finite
+        return bool(all_finite(np.ascontiguousarray(arr).reshape(-1)))
+    return bool(np.isfinite(arr).all())
+
+
+def require_finite(fname: str, name: str, arr: np.ndarray) -> None:
+    """Raise NonFiniteError naming the first NaN/inf element of ``arr``."""
+    if is_finite(arr):
+        return
+    flat = np.flatnonzero(~np.isfinite(arr))[0]
+    index = np.unravel_index(flat, arr.shape)
+    value = arr.reshape(-1)[flat]
+    where = tuple(int(i) for i in index)
+    raise NonFiniteError(
+        f"{fname}: {name} contains {value!r} at index {where} (expected finite values)")
+
+
+def int_array(fname: str, name: str, x) -> np.ndarray:
+    """``x`` as a C-contiguous int64 array; its elements must be integers (bool and float
+    arrays raise TypeError)."""
+    raw = _to_array(fname, name, x, np.int64)
+    if raw.dtype.kind == "b" or raw.dtype.kind == "f":
+        raise TypeError(f"{fname}: {name} must hold integers (got dtype {raw.dtype})")
+    if raw.dtype.kind == "u" and raw.dtype.itemsize == 8 and raw.size and raw.max() > np.iinfo(np.int64).max:
+        raise DomainError(f"{fname}: {name} holds a value beyond int64 (got {raw.max()})")
+    return np.ascontiguousarray(raw, dtype=np.int64)
+
+
+def bool_array(fname: str, name: str, x) -> np.ndarray:
+    """``x`` as a C-contiguous bool array.  Integer arrays must hold only 0 and 1."""
+    raw = _to_array(fname, name, x, np.bool_)
+    if raw.dtype.kind == "f":
+        raise TypeError(f"{fname}: {name} must be a boolean mask (got dtype {raw.dtype})")
+    if raw.dtype.kind in "iu" and raw.size and ((raw != 0) & (raw != 1)).any():
+        raise DomainError(f"{fname}: {name} must hold only True/False (or 1/0) values")
+    return np.ascontiguousarray(raw, dtype=np.bool_)
+
+
+def same_shape(fname: str, name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
+    if a.shape != b.shape:
+        raise ShapeError(f"{fname}: {name_a} and {name_b} must have the same shape "
+                         f"(got {shape_str(a.shape)} and {shape_str(b.shape)})")
+
+
+def vector(fname: str, name: str, x, length: int, *, finite: bool = True) -> np.ndarray:
+    """A 1-D float64 array of exactly ``length`` entries."""
+    v = tensor(fname, name, x, ndim=1, finite=finite)
+    if v.shape[0] != length:
+        raise ShapeError(f"{fname}: {name} must have length {length} (got {v.shape[0]})")
+    return v
+
+
+# --------------------------------------------------------------------------- outputs
+def check_size(fname: str, shape: Iterable[int], dtype=np.float64) -> Tuple[int, ...]:
+    """Refuse (ShapeError) an output whose size would exceed ``MAX_ALLOC_BYTES``
+    (``HMATH_DL_MAX_ALLOC_BYTES``, default 64 GiB) before anything is allocated."""
+    shape = tuple(int(s) for s in shape)
+    count = 1
+    for s in shape:
+        if s < 0:
+            raise ShapeError(f"{fname}: output shape {shape_str(shape)} has a negative extent")
+        count *= s
+    nbytes = count * np.dtype(dtype).itemsize
+    if nbytes > MAX_ALLOC_BYTES:
+        raise ShapeError(f"{fname}: output of shape {shape_str(shape)} would need {nbytes} bytes "
+                         f"(limit {MAX_ALLOC_BYTES}, set HMATH_DL_MAX_ALLOC_BYTES to raise it)")
+    return shape
+
+
+def alloc(fname: str, shape: Iterable[int], dtype=np.float64, *, zero: bool = False) -> np.ndarray:
+    """Allocate an output after :func:`check_size`; allocation failures become ShapeError."""
+    shape = check_size(fname, shape, dtype)
+    try:
+        return np.zeros(shape, dtype=dtype) if zero else np.empty(shape, dtype=dtype)
+    except (MemoryError, ValueError) as exc:
+        raise ShapeError(f"{fname}: cannot allocate an output of shape {shape_str(shape)} ({exc})") from None
+
+
+def readonly(arr: np.ndarray) -> np.ndarray:
+    """Mark ``arr`` read-only and return it (for arrays kept in immutable objects)."""
+    arr.flags.writeable = False
+    return arr
+
+
+def owned_readonly(x: np.ndarray) -> np.ndarray:
+    """A private read-only copy of ``x`` (so nobody else can write to it)."""
+    return readonly(np.array(x, dtype=x.dtype, order="C", copy=True))

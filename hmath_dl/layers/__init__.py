@@ -1,0 +1,1 @@
+"""HMath.DeepLearning.Layers, one module per family, re-exported flat here."""
