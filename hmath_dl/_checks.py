@@ -8,7 +8,6 @@ The helpers never copy more than needed: a C-contiguous float64 input is returne
 
 from __future__ import annotations
 
-import enum
 import operator
 import os
 from typing import Iterable, Optional, Sequence, Tuple
@@ -18,7 +17,7 @@ import numpy as np
 from .errors import DomainError, NonFiniteError, ShapeError
 
 # Outputs larger than this many bytes are refused before allocation (ShapeError).
-MAX_ALLOC_BYTES = int(os.environ.get("HMATH_DL_MAX_ALLOC_BYTES", str(1 << 36)))
+MAX_ALLOC_BYTES = int(os.environ.get("HMATH_DL_MAX_ALLOC_BYTES", str(1 << 34)))
 _KERNEL_FINITE_THRESHOLD = 1 << 16
 
 
@@ -214,7 +213,7 @@ def vector(fname: str, name: str, x, length: int, *, finite: bool = True) -> np.
 # --------------------------------------------------------------------------- outputs
 def check_size(fname: str, shape: Iterable[int], dtype=np.float64) -> Tuple[int, ...]:
     """Refuse (ShapeError) an output whose size would exceed ``MAX_ALLOC_BYTES``
-    (``HMATH_DL_MAX_ALLOC_BYTES``, default 64 GiB) before anything is allocated."""
+    (``HMATH_DL_MAX_ALLOC_BYTES``, default 16 GiB) before anything is allocated."""
     shape = tuple(int(s) for s in shape)
     count = 1
     for s in shape:
