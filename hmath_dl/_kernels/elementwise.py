@@ -1,0 +1,265 @@
+"""Elementwise kernels: activations (forward and derivative) and dropout masks.
+
+Activation codes
+----------------
+Every activation is identified by a small int, ``hmath_dl.activations.Activation.<M>.value``
+(also available as ``hmath_dl.activations.ACTIVATION_CODES[Activation.<M>]``):
+
+====  ==========  =======================================================
+code  activation  forward ``f(x)``
+====  ==========  =======================================================
+0     IDENTITY    ``x``
+1     RELU        ``max(x, 0)``
+2     LEAKY_RELU  ``x if x > 0 else 0.01 x``
+3     GELU        ``0.5 x (1 + erf(x / sqrt 2))`` (evaluated as ``0.5 x erfc(-x/sqrt 2)``)
+4     GELU_TANH   ``0.5 x (1 + tanh(u))``, ``u = sqrt(2/pi) (x + 0.044715 x^3)``,
+                  evaluated as ``x sigmoid(2u)`` (same value, no cancellation)
+5     SILU        ``x sigmoid(x)``
+6     SIGMOID     ``1 / (1 + exp(-x))`` (stable two-branch form)
+7     TANH        ``tanh(x)``
+8     SOFTPLUS    ``max(x, 0) + log1p(exp(-|x|))``
+9     ELU         ``x if x > 0 else expm1(x)`` (alpha 1)
+====  ==========  =======================================================
+
+Public kernel entries (for reuse, e.g. by autodiff):
+
+* ``activation_forward(code, x_flat, out_flat) -> bool``: ``out_flat[i] = f(x_flat[i])``.
+* ``activation_derivative(code, x_flat, out_flat) -> bool``: ``out_flat[i] = f'(x_flat[i])``
+  (at the kinks of RELU / LEAKY_RELU / ELU, ``x == 0``, the left derivative is used: 0,
+  0.01 and 1 respectively).
+
+Both take 1-D C-contiguous float64 arrays of equal length (``out_flat`` may be
+``x_flat`` itself for in-place use) and return True iff every output is finite. They do
+not validate anything: pass finite inputs and a valid code (an unknown code leaves
+``out_flat`` untouched and returns True). Work is split over fixed chunks, so results do
+not depend on the thread count.
+
+Dropout: ``apply_mask(x_flat, mask_flat, out_flat)`` computes ``out = x * mask``;
+``dropout_mask(u_flat, p, scale, mask_flat)`` writes ``scale if u >= p else 0``.
+"""
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ._jit import helper, kernel
+
+_CHUNK = 4096
+
+IDENTITY = 0
+RELU = 1
+LEAKY_RELU = 2
+GELU = 3
+GELU_TANH = 4
+SILU = 5
+SIGMOID = 6
+TANH = 7
+SOFTPLUS = 8
+ELU = 9
+
+LEAKY_SLOPE = 0.01
+_INV_SQRT2 = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+_GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
+_GELU_TANH_A = 0.044715
+
+
+@helper
+def _sigmoid(v):
+    if v >= 0.0:
+        return 1.0 / (1.0 + math.exp(-v))
+    e = math.exp(v)
+    return e / (1.0 + e)
+
+
+@helper
+def _forward_chunk(code, x, out, start, stop):
+    if code == IDENTITY:
+        for i in range(start, stop):
+            out[i] = x[i]
+    elif code == RELU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = v if v > 0.0 else 0.0
+    elif code == LEAKY_RELU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = v if v > 0.0 else LEAKY_SLOPE * v
+    elif code == GELU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = 0.5 * v * math.erfc(-v * _INV_SQRT2)
+    elif code == GELU_TANH:
+        for i in range(start, stop):
+            v = x[i]
+            # 0.5 (1 + tanh(u)) == sigmoid(2u): no cancellation for negative v;
+            # v**3 overflowing to +-inf gives sigmoid = 0 or 1, never NaN.
+            u = _GELU_TANH_C * (v + _GELU_TANH_A * v * v * v)
+            out[i] = v * _sigmoid(2.0 * u)
+    elif code == SILU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = v * _sigmoid(v)
+    elif code == SIGMOID:
+        for i in range(start, stop):
+            out[i] = _sigmoid(x[i])
+    elif code == TANH:
+        for i in range(start, stop):
+            out[i] = math.tanh(x[i])
+    elif code == SOFTPLUS:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = max(v, 0.0) + math.log1p(math.exp(-abs(v)))
+    elif code == ELU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = v if v > 0.0 else math.expm1(v)
+    acc = 0.0
+    for i in range(start, stop):
+        acc += out[i] * 0.0
+    return acc == 0.0
+
+
+@helper
+def _derivative_chunk(code, x, out, start, stop):
+    if code == IDENTITY:
+        for i in range(start, stop):
+            out[i] = 1.0
+    elif code == RELU:
+        for i in range(start, stop):
+            out[i] = 1.0 if x[i] > 0.0 else 0.0
+    elif code == LEAKY_RELU:
+        for i in range(start, stop):
+            out[i] = 1.0 if x[i] > 0.0 else LEAKY_SLOPE
+    elif code == GELU:
+        for i in range(start, stop):
+            v = x[i]
+            # Phi(v) + v phi(v)
+            out[i] = 0.5 * math.erfc(-v * _INV_SQRT2) + v * _INV_SQRT_2PI * math.exp(-0.5 * v * v)
+    elif code == GELU_TANH:
+        for i in range(start, stop):
+            v = x[i]
+            if abs(v) >= 1e10:
+                # sigmoid(-2|u|) is exactly 0 here: the formula below gives exactly 1 / 0,
+                # and this avoids 0 * inf once v**2 overflows.
+                out[i] = 1.0 if v > 0.0 else 0.0
+            else:
+                u = _GELU_TANH_C * (v + _GELU_TANH_A * v * v * v)
+                du = _GELU_TANH_C * (1.0 + 3.0 * _GELU_TANH_A * v * v)
+                sp = _sigmoid(2.0 * u)
+                sm = _sigmoid(-2.0 * u)
+                # d/dv [v sigmoid(2u)] = sigmoid(2u) + 2 v sigmoid(2u) sigmoid(-2u) u'
+                out[i] = sp + 2.0 * v * (sp * sm) * du
+    elif code == SILU:
+        for i in range(start, stop):
+            v = x[i]
+            # sigmoid'(v) = sigmoid(v) sigmoid(-v): no cancellation in 1 - sigmoid(v)
+            out[i] = _sigmoid(v) * (1.0 + v * _sigmoid(-v))
+    elif code == SIGMOID:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = _sigmoid(v) * _sigmoid(-v)
+    elif code == TANH:
+        for i in range(start, stop):
+            ch = math.cosh(x[i])  # sech^2, accurate in the tails; 0 once cosh^2 overflows
+            out[i] = 1.0 / (ch * ch)
+    elif code == SOFTPLUS:
+        for i in range(start, stop):
+            out[i] = _sigmoid(x[i])
+    elif code == ELU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = 1.0 if v > 0.0 else math.exp(v)
+    acc = 0.0
+    for i in range(start, stop):
+        acc += out[i] * 0.0
+    return acc == 0.0
+
+
+@kernel
+def activation_forward(code, x_flat, out_flat):
+    """``out_flat[i] = f_code(x_flat[i])``; True iff every output is finite (see module doc)."""
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    ok = np.ones(nchunks, dtype=np.bool_)
+    for c in prange(nchunks):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        ok[c] = _forward_chunk(code, x_flat, out_flat, start, stop)
+    for c in range(nchunks):
+        if not ok[c]:
+            return False
+    return True
+
+
+@kernel
+def activation_derivative(code, x_flat, out_flat):
+    """``out_flat[i] = f_code'(x_flat[i])``; True iff every output is finite (see module doc)."""
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    ok = np.ones(nchunks, dtype=np.bool_)
+    for c in prange(nchunks):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        ok[c] = _derivative_chunk(code, x_flat, out_flat, start, stop)
+    for c in range(nchunks):
+        if not ok[c]:
+            return False
+    return True
+
+
+@kernel
+def dropout_mask(u_flat, p, scale, mask_flat):
+    """``mask_flat[i] = scale if u_flat[i] >= p else 0.0``."""
+    n = u_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in prange(nchunks):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        for i in range(start, stop):
+            mask_flat[i] = scale if u_flat[i] >= p else 0.0
+
+
+@kernel
+def apply_mask(x_flat, mask_flat, out_flat):
+    """``out_flat[i] = x_flat[i] * mask_flat[i]``; True iff every output is finite."""
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    ok = np.ones(nchunks, dtype=np.bool_)
+    for c in prange(nchunks):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        acc = 0.0
+        for i in range(start, stop):
+            v = x_flat[i] * mask_flat[i]
+            out_flat[i] = v
+            acc += v * 0.0
+        ok[c] = acc == 0.0
+    for c in range(nchunks):
+        if not ok[c]:
+            return False
+    return True
+
+
+@kernel
+def apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat):
+    """Spatial dropout: ``x_flat`` is ``[rows, inner]`` flattened; row ``r`` is multiplied
+    by ``channel_mask[r]``; ``mask_flat`` receives the broadcast mask. True iff every
+    output is finite."""
+    rows = channel_mask.shape[0]
+    ok = np.ones(rows, dtype=np.bool_)
+    for r in prange(rows):
+        m = channel_mask[r]
+        base = r * inner
+        acc = 0.0
+        for j in range(inner):
+            v = x_flat[base + j] * m
+            out_flat[base + j] = v
+            mask_flat[base + j] = m
+            acc += v * 0.0
+        ok[r] = acc == 0.0
+    for r in range(rows):
+        if not ok[r]:
+            return False
+    return True

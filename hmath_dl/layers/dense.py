@@ -1,0 +1,67 @@
+"""Fully connected layer: ``dense(x, weights, bias) = x @ weights.T + bias``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks
+from ..errors import NumericOverflow, ShapeError
+
+__all__ = ["dense"]
+
+
+def dense(x, weights, bias):
+    """Affine map ``y = x @ weights.T + bias``.
+
+    Parameters
+    ----------
+    x : array_like, shape ``[B, in]`` (or ``[..., B, in]``)
+        Inputs, one row per example.  Leading batch axes are accepted as an extension
+        of the contract (``[..., in]`` with at least 2 axes); the map acts on the last
+        axis.  A 1-D ``x`` is rejected (``ShapeError``).
+    weights : array_like, shape ``[out, in]``
+    bias : array_like of length ``out``, or None (no bias)
+
+    Returns
+    -------
+    ndarray, shape ``x.shape[:-1] + (out,)``
+        ``y[..., o] = sum_i x[..., i] * weights[o, i] + bias[o]``.
+
+    Notes
+    -----
+    The product runs in numpy's BLAS ``matmul`` (the fastest float64 GEMM available);
+    BLAS splits work over output blocks, so the result does not depend on
+    ``NUMBA_NUM_THREADS``.  Summation order inside a dot product is BLAS's.
+
+    Raises
+    ------
+    ShapeError
+        ``x`` has fewer than 2 axes, ``weights`` is not 2-D, the ``in`` sizes differ, or
+        ``bias`` does not have length ``out``.
+    NonFiniteError
+        NaN/inf in ``x``, ``weights`` or ``bias``.
+    NumericOverflow
+        a result is not finite.
+    """
+    fname = "dense"
+    xa = _checks.tensor(fname, "x", x, min_ndim=2)
+    w = _checks.tensor(fname, "weights", weights, ndim=2)
+    if xa.shape[-1] != w.shape[1]:
+        raise ShapeError(
+            f"{fname}: x has {xa.shape[-1]} input features, weights expect {w.shape[1]} "
+            f"(got x {_checks.shape_str(xa.shape)}, weights {_checks.shape_str(w.shape)})")
+    b = None
+    if bias is not None:
+        b = _checks.vector(fname, "bias", bias, w.shape[0])
+    out = _checks.alloc(fname, xa.shape[:-1] + (w.shape[0],))
+    if out.size == 0:
+        return out
+    if xa.shape[-1] == 0:
+        out[...] = 0.0
+    else:
+        np.matmul(xa, w.T, out=out)
+    if b is not None:
+        out += b
+    if not _checks.is_finite(out):
+        raise NumericOverflow(f"{fname}: result is not finite (x @ weights.T + bias overflowed)")
+    return out
