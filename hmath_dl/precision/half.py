@@ -1,0 +1,251 @@
+"""FP16 / BF16: rounding straight from float64 with one round-half-to-even, exact
+decoding, and a reduced-precision GEMM with a specified float32 accumulation order.
+
+Formats (sign / exponent / fraction bits, exponent bias, largest finite value):
+
+* FP16 (IEEE binary16): 1 / 5 / 10, bias 15, max 65504 = (2 - 2**-10) * 2**15,
+  smallest subnormal 2**-24.
+* BF16 (bfloat16): 1 / 8 / 7, bias 127, max (2 - 2**-7) * 2**127 ~ 3.3895e38,
+  smallest subnormal 2**-133.
+
+Unlike PyTorch and ml_dtypes (which round float64 -> float32 -> 16-bit, a double rounding),
+the 16-bit pattern is computed directly from the float64 bits, so e.g.
+``round_to_precision(BF16, nextafter(1.00390625, 2)) == 1.0078125``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from .. import _checks
+from .._gradutils import tensor_keep_0d
+from .._kernels import half as _khalf
+from .._kernels import gemm_reduced as _kgemm
+from ..errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
+
+__all__ = ["Precision", "round_to_bits", "bits_to_float", "round_to_precision", "reduced_gemm"]
+
+
+class Precision(enum.Enum):
+    """A 16-bit floating-point storage format: ``FP16`` (IEEE binary16) or ``BF16``
+    (bfloat16)."""
+
+    FP16 = "FP16"
+    BF16 = "BF16"
+
+
+# (fraction bits, exponent bias, largest finite value)
+_FORMAT = {
+    Precision.FP16: (10, 15, 65504.0),
+    Precision.BF16: (7, 127, float.fromhex("0x1.fep127")),
+}
+
+
+def _where(shape, flat_index):
+    return tuple(int(i) for i in np.unravel_index(int(flat_index), shape))
+
+
+def _round(fname: str, name: str, precision: Precision, arr: np.ndarray) -> np.ndarray:
+    """uint16 patterns of the finite C-contiguous float64 array ``arr`` (same shape)."""
+    mbits, bias, fmax = _FORMAT[precision]
+    out = _checks.alloc(fname, arr.shape, np.uint16)
+    if arr.size == 0:
+        return out
+    bad = int(_khalf.round_to_bits(arr.reshape(-1), out.reshape(-1), mbits, bias))
+    if bad >= 0:
+        value = float(arr.reshape(-1)[bad])
+        raise NumericOverflow(
+            f"{fname}: {name} has {value!r} at index {_where(arr.shape, bad)}, which rounds to "
+            f"{'-' if value < 0 else '+'}inf in {precision.name} (expected |value| to round to "
+            f"at most {fmax!r})")
+    return out
+
+
+def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np.ndarray:
+    """float64 values of the C-contiguous int64 patterns ``bits`` (values in [0, 65535])."""
+    mbits, bias, _ = _FORMAT[precision]
+    out = _checks.alloc(fname, bits.shape, np.float64)
+    if bits.size == 0:
+        return out
+    bad = int(_khalf.bits_to_float(bits.reshape(-1), out.reshape(-1).view(np.uint64), mbits, bias))
+    if bad >= 0:
+        pattern = int(bits.reshape(-1)[bad])
+        kind = "inf" if pattern & ((1 << mbits) - 1) == 0 else "NaN"
+        raise NonFiniteError(
+            f"{fname}: {name} holds the {precision.name} {kind} pattern 0x{pattern:04x} at index "
+            f"{_where(bits.shape, bad)} (expected finite patterns)")
+    return out
+
+
+def round_to_bits(precision, x) -> np.ndarray:
+    """Round ``x`` to the 16-bit format ``precision`` and return the bit patterns.
+
+    Parameters
+    ----------
+    precision : Precision
+    x : array_like of finite reals
+
+    Returns
+    -------
+    numpy.ndarray of uint16, shape of ``x``
+        ``rne16(x)``: the pattern of the representable value nearest to ``x``, ties to the
+        even pattern, computed directly from the float64 bits with one rounding.  Values
+        below half the smallest subnormal give +-0 (the sign is kept, -0.0 stays -0.0).
+        ``.view(numpy.float16)`` (FP16) or ``.view(ml_dtypes.bfloat16)`` (BF16) reinterpret
+        the result.
+
+    Raises
+    ------
+    NonFiniteError
+        ``x`` holds NaN or +-inf.
+    NumericOverflow
+        A finite entry rounds to +-inf (|x| >= the midpoint between the largest finite value
+        and the next power of two); the message names the first such index.
+    TypeError
+        ``precision`` is not a Precision, or ``x`` is not numeric.
+    """
+    fname = "round_to_bits"
+    precision = _checks.member(fname, "precision", precision, Precision)
+    arr = tensor_keep_0d(fname, "x", x)
+    return _round(fname, "x", precision, arr)
+
+
+def bits_to_float(precision, bits) -> np.ndarray:
+    """Decode 16-bit patterns of the format ``precision`` exactly to float64.
+
+    Parameters
+    ----------
+    precision : Precision
+    bits : array_like of integers in [0, 65535]
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape of ``bits``
+        ``(-1)**s * 2**(e - bias) * (1 + f / 2**m)`` for exponent field ``e > 0``, and
+        ``(-1)**s * 2**(1 - bias) * (f / 2**m)`` for ``e == 0`` (subnormals, +-0), where
+        ``m`` = 10 (FP16) or 7 (BF16).
+
+    Raises
+    ------
+    TypeError
+        ``bits`` holds floats or bools, or ``precision`` is not a Precision.
+    DomainError
+        A value lies outside [0, 65535].
+    NonFiniteError
+        A pattern encodes NaN or +-inf (all-ones exponent field).
+    """
+    fname = "bits_to_float"
+    precision = _checks.member(fname, "precision", precision, Precision)
+    arr = _checks.int_array(fname, "bits", bits)
+    if arr.shape == (1,) and np.ndim(bits) == 0:     # keep 0-d inputs 0-d
+        arr = arr.reshape(())
+    if arr.size:
+        outside = (arr < 0) | (arr > 0xFFFF)
+        if outside.any():
+            flat = int(np.flatnonzero(outside.reshape(-1))[0])
+            raise DomainError(
+                f"{fname}: bits holds {int(arr.reshape(-1)[flat])} at index "
+                f"{_where(arr.shape, flat)} (expected 16-bit patterns in [0, 65535])")
+    return _decode(fname, "bits", precision, arr)
+
+
+def round_to_precision(precision, x) -> np.ndarray:
+    """Round ``x`` to the nearest value of the 16-bit format ``precision``, as float64.
+
+    ``round_to_precision(p, x) == bits_to_float(p, round_to_bits(p, x))``: one
+    round-half-to-even straight from float64 (no float32 detour), subnormals exact,
+    -0.0 kept.
+
+    Parameters
+    ----------
+    precision : Precision
+    x : array_like of finite reals
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape of ``x``
+
+    Raises
+    ------
+    NonFiniteError
+        ``x`` holds NaN or +-inf.
+    NumericOverflow
+        A finite entry rounds to +-inf.
+    TypeError
+        ``precision`` is not a Precision, or ``x`` is not numeric.
+    """
+    fname = "round_to_precision"
+    precision = _checks.member(fname, "precision", precision, Precision)
+    arr = tensor_keep_0d(fname, "x", x)
+    bits = _round(fname, "x", precision, arr)
+    return _decode(fname, "x", precision, bits.astype(np.int64))
+
+
+def _to_float32(fname: str, precision: Precision, bits: np.ndarray) -> np.ndarray:
+    mbits, bias, _ = _FORMAT[precision]
+    out = _checks.alloc(fname, bits.shape, np.float32)
+    if bits.size:
+        _khalf.bits_to_float32(bits.reshape(-1), out.reshape(-1).view(np.uint32), mbits, bias)
+    return out
+
+
+def reduced_gemm(precision, a, b) -> np.ndarray:
+    """Matrix product with operands rounded to ``precision`` and float32 accumulation in a
+    specified order.
+
+    Parameters
+    ----------
+    precision : Precision
+    a : array_like, shape [M, K], finite
+    b : array_like, shape [K, N], finite
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape [M, N]
+        With ``a16 = round_to_precision(precision, a)`` and ``b16`` likewise, every output
+        is ``float64(acc)`` where ``acc = +0.0f`` and, for ``k = 0, 1, ..., K-1`` in this
+        order, ``acc = fl32(acc + fl32(a16[i, k] * b16[k, j]))`` (float32 round-half-to-even,
+        separate multiply and add, never a fused multiply-add).  For ``K == 0`` every
+        output is ``+0.0``.  The result is bit-exactly specified: identical on every
+        machine and for every thread count.
+
+    Raises
+    ------
+    ShapeError
+        ``a`` or ``b`` is not 2-D, or ``a.shape[1] != b.shape[0]``.
+    NonFiniteError
+        ``a`` or ``b`` holds NaN or +-inf.
+    NumericOverflow
+        An entry of ``a`` or ``b`` rounds to +-inf in ``precision``, or a product or an
+        accumulator reaches +-inf in float32.
+    TypeError
+        ``precision`` is not a Precision, or an operand is not numeric.
+    """
+    fname = "reduced_gemm"
+    precision = _checks.member(fname, "precision", precision, Precision)
+    a = _checks.tensor(fname, "a", a, ndim=2)
+    b = _checks.tensor(fname, "b", b, ndim=2)
+    if a.shape[1] != b.shape[0]:
+        raise ShapeError(f"{fname}: a is {_checks.shape_str(a.shape)} and b is "
+                         f"{_checks.shape_str(b.shape)} (expected a [M, K] and b [K, N] with "
+                         f"the same K)")
+    m, k = a.shape
+    n = b.shape[1]
+    out = _checks.alloc(fname, (m, n), np.float64)
+    a32 = _to_float32(fname, precision, _round(fname, "a", precision, a))
+    b32 = _to_float32(fname, precision, _round(fname, "b", precision, b))
+    if out.size == 0:
+        return out
+    if k == 0:
+        out[...] = 0.0
+        return out
+    bad = int(_kgemm.gemm_f32_seq(a32, b32, out))
+    if bad >= 0:
+        i, j = _where(out.shape, bad)
+        raise NumericOverflow(
+            f"{fname}: output [{i}, {j}] overflows float32 (a product or the float32 "
+            f"accumulator reached {out[i, j]!r}; expected finite float32 sums of "
+            f"{precision.name} products)")
+    return out
