@@ -1,0 +1,437 @@
+"""INT8 quantization kernels and the exact int8 GEMM.
+
+No validation happens here (the facade in ``hmath_dl.precision.quantization`` does it);
+kernels report data-dependent failures through return values / status arrays.
+
+Layout used by the quantization kernels: a C-contiguous tensor is viewed as
+``(outer, C, inner)`` where ``C`` is the extent of the quantization axis (per-tensor
+quantization is ``outer = 1, C = 1, inner = size``).  Element ``f`` of the flat array
+belongs to channel ``(f // inner) % C``.
+
+The int8 GEMM computes ``S[i, j] = sum_k qa[i, k] * qb[k, j]`` exactly (integers only),
+then ``acc = S - zb[j] * RA[i] - za[i] * CB[j] + K * za[i] * zb[j]`` in int64, where
+``RA``/``CB`` are the row sums of ``qa`` / column sums of ``qb``; this equals
+``sum_k (qa[i,k] - za[i]) * (qb[k,j] - zb[j])`` exactly.  Two interchangeable kernels
+compute ``S``:
+
+* ``gemm_vnni``: AVX-512 VNNI (``vpdpbusd``: 64 u8 x s8 products per instruction) through
+  an LLVM intrinsic.  ``qa + 128`` (0..255) is the unsigned operand, so the kernel gets
+  ``sum (qa+128) qb = S + 128 * CB``.  Every term is at most ``255 * 128 = 32640`` in
+  magnitude, so a signed 32-bit accumulator over at most 65536 terms (``_VNNI_KCHUNK_Q``)
+  cannot wrap; chunks are combined in int64.  Only used when the host CPU has the needed
+  features (the facade decides).
+* ``gemm_portable``: plain loops over ``qa`` rows and ``qb`` columns (``qb`` transposed
+  to ``[N, K]``) accumulating in int64; used on CPUs without AVX-512 VNNI.
+
+Both are exact and, all arithmetic being integer until the final per-element scaling,
+give bitwise identical results for any thread count.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ._jit import helper, kernel
+
+_CHUNK = 8192                 # flat elements per parallel chunk (quantize / dequantize)
+_INT32_MIN = -(2 ** 31)
+_INT32_MAX = 2 ** 31 - 1
+_TINY = 2.2250738585072014e-308   # smallest normal double
+_NO_INDEX = np.int64(2 ** 62)
+
+# VNNI micro-kernel geometry: tiles of _MR rows x 32 columns, K in quads of 4.
+_MR = 8
+_NR = 32
+_VNNI_KCHUNK_Q = 16384        # 65536 terms: 65536 * 32640 < 2**31
+
+
+# --------------------------------------------------------------------------- quantize
+@helper
+def _scale_zp(lo, hi, symmetric):
+    """Scale and zero point of one slice from its min ``lo`` and max ``hi``.
+
+    Returns ``(scale, zp, ok)``; ``ok`` is False when the scale is 0, subnormal or
+    non-finite."""
+    if symmetric:
+        amax = max(abs(lo), abs(hi))
+        if amax == 0.0:
+            return 1.0, np.int64(0), True
+        scale = amax / 127.0
+        ok = scale >= _TINY and np.isfinite(scale)
+        return scale, np.int64(0), ok
+    lo0 = min(lo, 0.0)
+    hi0 = max(hi, 0.0)
+    if hi0 == 0.0 and lo0 == 0.0:
+        scale = 1.0
+    else:
+        scale = (hi0 - lo0) / 255.0
+    if not (scale >= _TINY and np.isfinite(scale)):
+        return scale, np.int64(0), False
+    z = np.rint(-128.0 - lo0 / scale)
+    if z < -128.0:
+        z = -128.0
+    elif z > 127.0:
+        z = 127.0
+    return scale, np.int64(z), True
+
+
+@kernel
+def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
+    """Per-channel scales/zero points for ``x`` viewed as ``(outer, nch, inner)``.
+
+    Returns the first channel whose scale is invalid, or -1."""
+    bad = np.full(nch, -1, dtype=np.int64)
+    for c in prange(nch):
+        lo = np.inf
+        hi = -np.inf
+        for o in range(outer):
+            base = (o * nch + c) * inner
+            for t in range(inner):
+                v = x[base + t]
+                lo = min(lo, v)
+                hi = max(hi, v)
+        s, z, ok = _scale_zp(lo, hi, symmetric)
+        scales[c] = s
+        zps[c] = z
+        if not ok:
+            bad[c] = c
+    for c in range(nch):
+        if bad[c] >= 0:
+            return c
+    return -1
+
+
+@kernel
+def quant_params_tensor(x, symmetric, scales, zps):
+    """Per-tensor scale/zero point (into ``scales[0]``, ``zps[0]``); returns 0 when the
+    scale is invalid, else -1.  Min/max are exact, so the chunked reduction is
+    order-independent."""
+    n = x.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    los = np.empty(nchunks, dtype=np.float64)
+    his = np.empty(nchunks, dtype=np.float64)
+    for c in prange(nchunks):
+        lo = np.inf
+        hi = -np.inf
+        for f in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            v = x[f]
+            lo = min(lo, v)
+            hi = max(hi, v)
+        los[c] = lo
+        his[c] = hi
+    lo = np.inf
+    hi = -np.inf
+    for c in range(nchunks):
+        lo = min(lo, los[c])
+        hi = max(hi, his[c])
+    s, z, ok = _scale_zp(lo, hi, symmetric)
+    scales[0] = s
+    zps[0] = z
+    return -1 if ok else 0
+
+
+@kernel
+def quantize_apply(x, nch, inner, symmetric, scales, zps, out):
+    """``out[f] = clip(rne(x[f] / scale) (+ zp), lo, hi)`` with the channel's scale."""
+    n = x.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    qlo = -127.0 if symmetric else -128.0
+    for ch in prange(nchunks):
+        start = ch * _CHUNK
+        stop = min(n, start + _CHUNK)
+        c = (start // inner) % nch
+        t = start % inner
+        for f in range(start, stop):
+            v = np.rint(x[f] / scales[c])
+            if not symmetric:
+                v = v + np.float64(zps[c])
+            if v < qlo:
+                v = qlo
+            elif v > 127.0:
+                v = 127.0
+            out[f] = np.int8(v)
+            t += 1
+            if t == inner:
+                t = 0
+                c += 1
+                if c == nch:
+                    c = 0
+
+
+@kernel
+def dequantize_apply(q, nch, inner, scales, zps, out):
+    """``out[f] = scale * (q[f] - zp)`` ((q - zp) in int64); returns the first flat index
+    whose result is not finite, or -1."""
+    n = q.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    bad = np.full(nchunks, -1, dtype=np.int64)
+    for ch in prange(nchunks):
+        start = ch * _CHUNK
+        stop = min(n, start + _CHUNK)
+        c = (start // inner) % nch
+        t = start % inner
+        for f in range(start, stop):
+            d = np.int64(q[f]) - zps[c]
+            v = scales[c] * np.float64(d)
+            out[f] = v
+            if bad[ch] < 0 and not np.isfinite(v):
+                bad[ch] = f
+            t += 1
+            if t == inner:
+                t = 0
+                c += 1
+                if c == nch:
+                    c = 0
+    for ch in range(nchunks):
+        if bad[ch] >= 0:
+            return bad[ch]
+    return -1
+
+
+# --------------------------------------------------------------------------- GEMM: shared
+@helper
+def _finish(i, j, s, kk, ra, cb, za, zb, sa, sb, out):
+    """Turn the exact ``S[i, j]`` into the output; 0 ok, 1 int32 overflow, 2 non-finite."""
+    acc = s - zb[j] * ra[i] - za[i] * cb[j] + kk * za[i] * zb[j]
+    if acc < _INT32_MIN or acc > _INT32_MAX:
+        out[i, j] = 0.0
+        return 1
+    v = (sa[i] * sb[j]) * np.float64(acc)
+    out[i, j] = v
+    if not np.isfinite(v):
+        return 2
+    return 0
+
+
+@kernel
+def row_sums(qa, ra):
+    """``ra[i] = sum_k qa[i, k]`` (int64) for a C-contiguous int8 ``[M, K]``."""
+    m, k = qa.shape
+    for i in prange(m):
+        s = np.int64(0)
+        for t in range(k):
+            s += np.int64(qa[i, t])
+        ra[i] = s
+
+
+@kernel
+def col_sums(qb, cb):
+    """``cb[j] = sum_k qb[k, j]`` (int64) for a C-contiguous int8 ``[K, N]``."""
+    k, n = qb.shape
+    nblk = (n + 255) // 256
+    for blk in prange(nblk):
+        j0 = blk * 256
+        j1 = min(n, j0 + 256)
+        for j in range(j0, j1):
+            cb[j] = 0
+        for t in range(k):
+            for j in range(j0, j1):
+                cb[j] += np.int64(qb[t, j])
+
+
+# --------------------------------------------------------------------------- GEMM: portable
+@kernel
+def gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
+    """Exact int8 GEMM with plain loops; ``qbt`` is ``qb`` transposed (``[N, K]``).
+
+    The dot products accumulate in int64 (exact for any K below 2**49).
+    ``bad_acc[i]`` / ``bad_fin[i]``: first column of row ``i`` whose accumulator leaves
+    int32 / whose result is not finite (or -1)."""
+    m, kk = qa.shape
+    n = qbt.shape[0]
+    for i in prange(m):
+        ba = -1
+        bf = -1
+        for j in range(n):
+            s = np.int64(0)
+            for t in range(kk):
+                s += np.int64(qa[i, t]) * np.int64(qbt[j, t])
+            st = _finish(i, j, s, np.int64(kk), ra, cb, za, zb, sa, sb, out)
+            if st == 1 and ba < 0:
+                ba = j
+            elif st == 2 and bf < 0:
+                bf = j
+        bad_acc[i] = ba
+        bad_fin[i] = bf
+
+
+@kernel
+def transpose_i8(qb, qbt):
+    k, n = qb.shape
+    for j in prange(n):
+        for t in range(k):
+            qbt[j, t] = qb[t, j]
+
+
+# --------------------------------------------------------------------------- GEMM: VNNI
+@intrinsic
+def _vnni_tile(typingctx, ap, a_off, lda, bp, b_off, kq, c):
+    """LLVM micro-kernel: ``c[r*32 + l] = sum_{k < 4*kq} ap[a_off + r*lda + k] *
+    bp-panel(k, l)`` for ``r < 8``, ``l < 32`` (u8 x s8 -> i32, ``vpdpbusd``).
+
+    ``ap``: uint8 rows (``qa + 128``) with row stride ``lda``; ``bp``: the packed panel
+    ``[kq][2][16][4]`` int8 starting at ``b_off``; ``c``: int32 with at least 256 entries.
+    ``kq >= 1``.
+    """
+    sig = types.void(ap, a_off, lda, bp, b_off, kq, c)
+
+    def codegen(context, builder, signature, args):
+        ap_, a_off_, lda_, bp_, b_off_, kq_, c_ = args
+        i8 = ir.IntType(8)
+        i32 = ir.IntType(32)
+        i64 = ir.IntType(64)
+        v16 = ir.VectorType(i32, 16)
+        aary = context.make_array(signature.args[0])(context, builder, ap_)
+        bary = context.make_array(signature.args[3])(context, builder, bp_)
+        cary = context.make_array(signature.args[6])(context, builder, c_)
+        abase = builder.gep(builder.bitcast(aary.data, i8.as_pointer()), [a_off_])
+        bbase = builder.gep(builder.bitcast(bary.data, i8.as_pointer()), [b_off_])
+        cbase = builder.bitcast(cary.data, i32.as_pointer())
+        fnty = ir.FunctionType(v16, [v16, v16, v16])
+        fn = cgutils.get_or_insert_function(builder.module, fnty,
+                                            "llvm.x86.avx512.vpdpbusd.512")
+        pre = builder.block
+        loop = builder.append_basic_block("vnni.loop")
+        done = builder.append_basic_block("vnni.done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        k = builder.phi(i64)
+        k.add_incoming(ir.Constant(i64, 0), pre)
+        zero = ir.Constant(v16, None)
+        accs = []
+        for _r in range(_MR):
+            row = []
+            for _h in range(2):
+                p = builder.phi(v16)
+                p.add_incoming(zero, pre)
+                row.append(p)
+            accs.append(row)
+        boff = builder.mul(k, ir.Constant(i64, 128))
+        b0p = builder.bitcast(builder.gep(bbase, [boff]), v16.as_pointer())
+        b1p = builder.bitcast(builder.gep(bbase, [builder.add(boff, ir.Constant(i64, 64))]),
+                              v16.as_pointer())
+        b0 = builder.load(b0p, align=1)
+        b1 = builder.load(b1p, align=1)
+        k4 = builder.mul(k, ir.Constant(i64, 4))
+        undef = ir.Constant(v16, ir.Undefined)
+        splat = ir.Constant(v16, [0] * 16)
+        new = []
+        for r in range(_MR):
+            off = builder.add(builder.mul(lda_, ir.Constant(i64, r)), k4)
+            a32p = builder.bitcast(builder.gep(abase, [off]), i32.as_pointer())
+            av = builder.load(a32p, align=1)
+            vec = builder.insert_element(undef, av, ir.Constant(i32, 0))
+            bc = builder.shuffle_vector(vec, undef, splat)
+            n0 = builder.call(fn, [accs[r][0], bc, b0])
+            n1 = builder.call(fn, [accs[r][1], bc, b1])
+            new.append((n0, n1))
+        knext = builder.add(k, ir.Constant(i64, 1))
+        more = builder.icmp_signed("<", knext, kq_)
+        cur = builder.block
+        k.add_incoming(knext, cur)
+        for r in range(_MR):
+            accs[r][0].add_incoming(new[r][0], cur)
+            accs[r][1].add_incoming(new[r][1], cur)
+        builder.cbranch(more, loop, done)
+        builder.position_at_end(done)
+        for r in range(_MR):
+            for h in range(2):
+                cp = builder.bitcast(
+                    builder.gep(cbase, [ir.Constant(i64, r * _NR + h * 16)]), v16.as_pointer())
+                builder.store(new[r][h], cp, align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@kernel
+def pack_a_u8(qa, mp, kp, ap, ra):
+    """``ap`` (flat ``[mp, kp]`` uint8) = ``qa + 128``, zero padded; ``ra[i]`` = the row
+    sums of ``qa`` (int64)."""
+    m, kk = qa.shape
+    for i in prange(mp):
+        base = i * kp
+        if i < m:
+            s = np.int64(0)
+            for t in range(kk):
+                v = qa[i, t]
+                ap[base + t] = np.uint8(np.int32(v) + 128)
+                s += np.int64(v)
+            for t in range(kk, kp):
+                ap[base + t] = 0
+            ra[i] = s
+        else:
+            for t in range(kp):
+                ap[base + t] = 0
+
+
+@kernel
+def pack_b_vnni(qb, np_, kp, bp, cb):
+    """``bp`` (flat ``[np_/32][kp/4][2][16][4]`` int8): ``bp[p, q, h, l, t] =
+    qb[4q + t, 32p + 16h + l]``, zero padded; ``cb[j]`` = the column sums of ``qb``."""
+    kk, n = qb.shape
+    npanel = np_ // _NR
+    kq = kp // 4
+    for p in prange(npanel):
+        j0 = p * _NR
+        ncol = min(_NR, n - j0)
+        csum = np.zeros(_NR, dtype=np.int64)
+        for q in range(kq):
+            base = (p * kq + q) * 128
+            for t in range(4):
+                k = 4 * q + t
+                if k < kk:
+                    for col in range(ncol):
+                        v = qb[k, j0 + col]
+                        bp[base + col * 4 + t] = v
+                        csum[col] += np.int64(v)
+                    for col in range(ncol, _NR):
+                        bp[base + col * 4 + t] = 0
+                else:
+                    for col in range(_NR):
+                        bp[base + col * 4 + t] = 0
+        for col in range(ncol):
+            cb[j0 + col] = csum[col]
+
+
+@kernel
+def gemm_vnni(ap, bp, m, n, kk, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
+    """Exact int8 GEMM on packed operands (see ``pack_a_u8`` / ``pack_b_vnni``).
+
+    One parallel iteration = one ``8 x 32`` output tile.  ``bad_acc[tile]`` /
+    ``bad_fin[tile]``: smallest flat output index ``i * n + j`` in the tile whose
+    accumulator leaves int32 / whose result is not finite (``_NO_INDEX`` if none)."""
+    nrg = mp // _MR
+    npanel = np_ // _NR
+    kq = kp // 4
+    kk64 = np.int64(kk)
+    for tile in prange(nrg * npanel):
+        p = tile // nrg
+        rg = tile % nrg
+        tmp = np.empty(_MR * _NR, dtype=np.int32)
+        acc = np.zeros(_MR * _NR, dtype=np.int64)
+        for q0 in range(0, kq, _VNNI_KCHUNK_Q):
+            nq = min(kq - q0, _VNNI_KCHUNK_Q)
+            _vnni_tile(ap, rg * _MR * kp + 4 * q0, kp, bp, (p * kq + q0) * 128, nq, tmp)
+            for e in range(_MR * _NR):
+                acc[e] += np.int64(tmp[e])
+        ba = _NO_INDEX
+        bf = _NO_INDEX
+        for r in range(_MR):
+            i = rg * _MR + r
+            if i >= m:
+                break
+            for col in range(_NR):
+                j = p * _NR + col
+                if j >= n:
+                    break
+                s = acc[r * _NR + col] - 128 * cb[j]
+                st = _finish(i, j, s, kk64, ra, cb, za, zb, sa, sb, out)
+                if st == 1:
+                    ba = min(ba, i * n + j)
+                elif st == 2:
+                    bf = min(bf, i * n + j)
+        bad_acc[tile] = ba
+        bad_fin[tile] = bf

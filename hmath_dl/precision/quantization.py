@@ -1,0 +1,425 @@
+"""INT8 quantization (symmetric / asymmetric, per tensor or per channel) and an int8 GEMM
+whose integer accumulation is exact and which refuses signed-32-bit accumulator overflow.
+
+Every rounding is round-half-to-even (``numpy.rint`` semantics).  The formulas (API.md §3):
+
+* SYMMETRIC: ``amax = max|x|`` over the slice, ``scale = amax / 127`` (``1.0`` for an
+  all-zero slice), zero point ``0``, ``q = clip(rne(x / scale), -127, 127)``.
+* ASYMMETRIC: ``lo = min(min x, 0)``, ``hi = max(max x, 0)``, ``scale = (hi - lo) / 255``
+  (``1.0`` when ``hi == lo == 0``), ``zp = clip(rne(-128 - lo / scale), -128, 127)``,
+  ``q = clip(rne(x / scale) + zp, -128, 127)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .. import _checks
+from .._kernels import quant as _kq
+from ..errors import DomainError, NumericOverflow, ShapeError
+
+__all__ = ["Quantization", "QuantizedTensor", "quantize", "dequantize", "quantized_values",
+           "quantization_scales", "quantization_zero_points", "int8_gemm"]
+
+_TINY = 2.2250738585072014e-308  # smallest positive normal double
+_INT32_MIN = -(2 ** 31)
+_INT32_MAX = 2 ** 31 - 1
+
+
+class Quantization(enum.Enum):
+    """INT8 quantization policy: ``SYMMETRIC`` (values in ``[-127, 127]``, zero point 0)
+    or ``ASYMMETRIC`` (values in ``[-128, 127]`` with an integer zero point)."""
+
+    SYMMETRIC = "SYMMETRIC"
+    ASYMMETRIC = "ASYMMETRIC"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class QuantizedTensor:
+    """An opaque INT8 tensor: int8 values, one float64 scale and one int64 zero point per
+    slice along ``axis`` (or a single pair when ``axis`` is None).
+
+    Construct it only through :func:`quantize`; read it through :func:`quantized_values`,
+    :func:`quantization_scales`, :func:`quantization_zero_points` and :func:`dequantize`.
+    The constructor checks the invariants (dtypes, lengths, ranges) and stores read-only
+    private copies, so a QuantizedTensor can never hold an inconsistent state.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        Shape of the quantized tensor.
+    axis : int or None
+        The (non-negative) quantization axis, or None for per-tensor quantization.
+    mode : Quantization
+        The quantization policy.
+
+    Equality compares mode, axis, shape and every value, scale and zero point; equal
+    tensors hash equally.
+    """
+
+    mode: Quantization
+    axis: Optional[int]
+    _values: np.ndarray = field(repr=False)
+    _scales: np.ndarray = field(repr=False)
+    _zero_points: np.ndarray = field(repr=False)
+
+    def __post_init__(self):
+        fname = "QuantizedTensor"
+        if not isinstance(self.mode, Quantization):
+            raise TypeError(f"{fname}: mode must be a Quantization (got {self.mode!r})")
+        values = self._values
+        if not isinstance(values, np.ndarray) or values.dtype != np.int8:
+            raise TypeError(f"{fname}: values must be an int8 ndarray")
+        ndim = values.ndim
+        if self.axis is None:
+            count = 1
+        else:
+            if isinstance(self.axis, bool) or not isinstance(self.axis, int) \
+                    or not 0 <= self.axis < ndim:
+                raise DomainError(f"{fname}: axis must be None or an int in [0, {ndim}) "
+                                  f"(got {self.axis!r})")
+            count = values.shape[self.axis]
+        if values.size == 0:
+            raise ShapeError(f"{fname}: values must not be empty")
+        scales = self._scales
+        zps = self._zero_points
+        if not isinstance(scales, np.ndarray) or scales.dtype != np.float64 \
+                or scales.shape != (count,):
+            raise ShapeError(f"{fname}: scales must be a float64 array of length {count}")
+        if not isinstance(zps, np.ndarray) or zps.dtype != np.int64 or zps.shape != (count,):
+            raise ShapeError(f"{fname}: zero points must be an int64 array of length {count}")
+        if not (np.all(np.isfinite(scales)) and np.all(scales >= _TINY)):
+            raise DomainError(f"{fname}: scales must be finite and >= {_TINY!r}")
+        if self.mode is Quantization.SYMMETRIC:
+            if np.any(zps != 0):
+                raise DomainError(f"{fname}: symmetric zero points must be 0")
+            if np.any(values == -128):
+                raise DomainError(f"{fname}: symmetric values must lie in [-127, 127]")
+        elif np.any(zps < -128) or np.any(zps > 127):
+            raise DomainError(f"{fname}: zero points must lie in [-128, 127]")
+        for name, arr in (("_values", values), ("_scales", scales), ("_zero_points", zps)):
+            if arr.flags.writeable or not arr.flags.c_contiguous or arr.base is not None:
+                arr = _checks.owned_readonly(arr)
+                object.__setattr__(self, name, arr)
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """Shape of the quantized tensor (a tuple of ints)."""
+        return tuple(int(s) for s in self._values.shape)
+
+    def __eq__(self, other):
+        if not isinstance(other, QuantizedTensor):
+            return NotImplemented
+        return (self.mode is other.mode and self.axis == other.axis
+                and self._values.shape == other._values.shape
+                and np.array_equal(self._values, other._values)
+                and np.array_equal(self._scales.view(np.uint64), other._scales.view(np.uint64))
+                and np.array_equal(self._zero_points, other._zero_points))
+
+    def __hash__(self):
+        return hash((self.mode, self.axis, self._values.shape, self._values.tobytes(),
+                     self._scales.tobytes(), self._zero_points.tobytes()))
+
+    def __repr__(self):
+        def head(arr, limit=4):
+            items = ", ".join(repr(v) for v in arr[:limit].tolist())
+            return "[" + items + (", ...]" if arr.size > limit else "]")
+        return (f"QuantizedTensor(mode={self.mode.name}, axis={self.axis}, "
+                f"shape={self.shape}, scales={head(self._scales)}, "
+                f"zero_points={head(self._zero_points)})")
+
+
+def _layout(shape, axis):
+    """(outer, channels, inner) view of a C-contiguous tensor for ``axis``."""
+    if axis is None:
+        return 1, 1, int(np.prod(shape, dtype=np.int64))
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    return outer, int(shape[axis]), inner
+
+
+def _qtensor(fname, name, q):
+    if not isinstance(q, QuantizedTensor):
+        raise TypeError(f"{fname}: {name} must be a QuantizedTensor (got {type(q).__name__})")
+    return q
+
+
+def quantize(mode, axis, x) -> QuantizedTensor:
+    """Quantize a finite, non-empty tensor to INT8, per tensor or per slice along ``axis``.
+
+    Parameters
+    ----------
+    mode : Quantization
+        ``SYMMETRIC`` or ``ASYMMETRIC``.
+    axis : int or None
+        None for one scale for the whole tensor; otherwise an int in ``[-ndim, ndim)``:
+        one scale (and zero point) per index along that axis ("per channel").
+    x : array_like
+        Finite, non-empty real values (any shape; a 0-d input allows only ``axis=None``).
+
+    Returns
+    -------
+    QuantizedTensor
+
+    Notes
+    -----
+    ``rne`` is round-half-to-even; over each slice:
+
+    * SYMMETRIC: ``amax = max|x|``, ``scale = amax / 127`` (``1.0`` for an all-zero
+      slice), ``zp = 0``, ``q = clip(rne(x / scale), -127, 127)``.
+    * ASYMMETRIC: ``lo = min(min(x), 0)``, ``hi = max(max(x), 0)``,
+      ``scale = (hi - lo) / 255`` (``1.0`` if ``hi == lo == 0``),
+      ``zp = clip(rne(-128 - lo / scale), -128, 127)``,
+      ``q = clip(rne(x / scale) + zp, -128, 127)``.
+
+    ``x / scale`` is a true division (not a multiplication by ``1 / scale``).
+
+    Raises
+    ------
+    TypeError
+        ``mode`` not a Quantization, ``axis`` not None or an int, ``x`` not numeric.
+    ShapeError
+        ``x`` is empty.
+    NonFiniteError
+        ``x`` holds NaN or ±inf.
+    DomainError
+        ``axis`` outside ``[-ndim, ndim)``.
+    NumericOverflow
+        A scale is 0, subnormal (``< 2.2250738585072014e-308``) or not finite.
+    """
+    fname = "quantize"
+    _checks.member(fname, "mode", mode, Quantization)
+    if axis is not None:
+        _checks.integer(fname, "axis", axis)
+    arr = _checks.tensor(fname, "x", x, nonempty=True)
+    ax = None if axis is None else _checks.axis(fname, "axis", axis, arr.ndim)
+    outer, nch, inner = _layout(arr.shape, ax)
+    flat = arr.reshape(-1)
+    symmetric = mode is Quantization.SYMMETRIC
+    scales = _checks.alloc(fname, (nch,), np.float64)
+    zps = _checks.alloc(fname, (nch,), np.int64)
+    if ax is None:
+        bad = int(_kq.quant_params_tensor(flat, symmetric, scales, zps))
+    else:
+        bad = int(_kq.quant_params_axis(flat, outer, nch, inner, symmetric, scales, zps))
+    if bad >= 0:
+        where = "the tensor" if ax is None else f"slice {bad} along axis {ax}"
+        raise NumericOverflow(
+            f"{fname}: the scale of {where} is {float(scales[bad])!r} (expected a finite "
+            f"scale >= {_TINY!r}; the values are too small or their range too large to "
+            f"quantize)")
+    values = _checks.alloc(fname, arr.shape, np.int8)
+    _kq.quantize_apply(flat, nch, inner, symmetric, scales, zps, values.reshape(-1))
+    return QuantizedTensor(mode, ax, _checks.readonly(values), _checks.readonly(scales),
+                           _checks.readonly(zps))
+
+
+def dequantize(q) -> np.ndarray:
+    """Decode a QuantizedTensor: ``scale * (q - zp)`` per slice.
+
+    ``q - zp`` is computed in integers, then multiplied by the slice's float64 scale.
+
+    Parameters
+    ----------
+    q : QuantizedTensor
+
+    Returns
+    -------
+    ndarray of float64, shape ``q.shape``
+
+    Raises
+    ------
+    TypeError
+        ``q`` is not a QuantizedTensor.
+    NumericOverflow
+        A decoded value is not finite.
+    """
+    fname = "dequantize"
+    _qtensor(fname, "q", q)
+    values = q._values
+    _, nch, inner = _layout(values.shape, q.axis)
+    out = _checks.alloc(fname, values.shape, np.float64)
+    bad = int(_kq.dequantize_apply(values.reshape(-1), nch, inner, q._scales,
+                                   q._zero_points, out.reshape(-1)))
+    if bad >= 0:
+        where = tuple(int(i) for i in np.unravel_index(bad, values.shape))
+        raise NumericOverflow(f"{fname}: the decoded value at index {where} is not finite "
+                              f"(got {float(out.reshape(-1)[bad])!r})")
+    return out
+
+
+def quantized_values(q) -> np.ndarray:
+    """The int8 values of ``q`` (shape ``q.shape``, row-major, read-only).
+
+    Symmetric values lie in ``[-127, 127]``, asymmetric ones in ``[-128, 127]``;
+    ``x ≈ scale * (value - zero_point)``.
+    """
+    return _qtensor("quantized_values", "q", q)._values
+
+
+def quantization_scales(q) -> np.ndarray:
+    """The positive float64 scales of ``q``: one per slice along ``q.axis``, or a single
+    one (length 1) for per-tensor quantization (read-only)."""
+    return _qtensor("quantization_scales", "q", q)._scales
+
+
+def quantization_zero_points(q) -> np.ndarray:
+    """The int64 zero points of ``q`` (same length as the scales; all 0 for SYMMETRIC;
+    read-only)."""
+    return _qtensor("quantization_zero_points", "q", q)._zero_points
+
+
+# --------------------------------------------------------------------------- int8 GEMM
+def _want_vnni() -> bool:
+    """Use the AVX-512 VNNI kernel?  Only on a host CPU that has the instructions, when
+    numba compiles for the host (no NUMBA_CPU_NAME / NUMBA_CPU_FEATURES override), and
+    unless ``HMATH_DL_INT8_KERNEL=portable``."""
+    if os.environ.get("HMATH_DL_INT8_KERNEL", "").lower() == "portable":
+        return False
+    try:
+        from numba.core import config
+        if getattr(config, "CPU_NAME", None) or getattr(config, "CPU_FEATURES", None):
+            return False
+        import llvmlite.binding as llvm
+        feats = llvm.get_host_cpu_features()
+        return all(bool(feats.get(f, False))
+                   for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
+    except Exception:  # pragma: no cover - be conservative
+        return False
+
+
+_USE_VNNI = _want_vnni()
+
+
+def _per_channel(values, count):
+    """A new writable length-``count`` vector from a length-1 or length-``count`` one
+    (always a fresh writable array, so each kernel compiles for one array type only)."""
+    if values.shape[0] == count:
+        return np.array(values, copy=True)
+    return np.full(count, values[0], dtype=values.dtype)
+
+
+def int8_gemm(a, b) -> np.ndarray:
+    """Multiply two INT8 matrices with exact integer accumulation, then apply the scales.
+
+    Parameters
+    ----------
+    a : QuantizedTensor
+        ``[M, K]``, quantized per tensor (``axis=None``) or per row (``axis=0``).
+    b : QuantizedTensor
+        ``[K, N]``, quantized per tensor (``axis=None``) or per column (``axis=1``).
+
+    Returns
+    -------
+    ndarray of float64, shape ``[M, N]``
+
+    Notes
+    -----
+    ``acc[i, j] = sum_k (qa[i, k] - za[i]) * (qb[k, j] - zb[j])`` is computed exactly (in
+    integers, for any K); the result is ``(sa[i] * sb[j]) * acc[i, j]`` in float64, where
+    a per-tensor operand uses its single scale/zero point for every row/column.  The
+    result is bitwise identical for any number of threads.
+
+    For a linear layer ``y = x @ W.T`` with ``W`` of shape ``[out, in]`` quantized per
+    output channel, quantize ``W.T`` per column::
+
+        qx = quantize(Quantization.SYMMETRIC, None, x)      # [batch, in], per tensor
+        qw = quantize(Quantization.SYMMETRIC, 1, W.T)       # [in, out], one scale per output
+        y = int8_gemm(qx, qw)                               # ~ x @ W.T
+
+    (``quantize(mode, 1, W.T)`` has exactly the scales of ``quantize(mode, 0, W)``.)
+
+    Raises
+    ------
+    TypeError
+        ``a`` or ``b`` is not a QuantizedTensor.
+    ShapeError
+        An operand is not 2-D, or ``a.shape[1] != b.shape[0]``.
+    DomainError
+        ``a.axis`` not in ``{None, 0}`` or ``b.axis`` not in ``{None, 1}``.
+    NumericOverflow
+        Some ``acc[i, j]`` lies outside ``[-2**31, 2**31 - 1]`` (a signed 32-bit
+        accumulator would overflow), or a result is not finite.
+    """
+    fname = "int8_gemm"
+    _qtensor(fname, "a", a)
+    _qtensor(fname, "b", b)
+    if len(a.shape) != 2:
+        raise ShapeError(f"{fname}: a must have 2 axes (got shape {_checks.shape_str(a.shape)})")
+    if len(b.shape) != 2:
+        raise ShapeError(f"{fname}: b must have 2 axes (got shape {_checks.shape_str(b.shape)})")
+    if a.axis not in (None, 0):
+        raise DomainError(f"{fname}: a must be quantized per tensor or per row (got axis "
+                          f"{a.axis}, expected None or 0)")
+    if b.axis not in (None, 1):
+        raise DomainError(f"{fname}: b must be quantized per tensor or per column (got axis "
+                          f"{b.axis}, expected None or 1)")
+    m, k = a.shape
+    k2, n = b.shape
+    if k != k2:
+        raise ShapeError(f"{fname}: a has {k} columns but b has {k2} rows (got shapes "
+                         f"{_checks.shape_str(a.shape)} and {_checks.shape_str(b.shape)})")
+    qa = a._values
+    qb = b._values
+    sa = _per_channel(a._scales, m)
+    za = _per_channel(a._zero_points, m)
+    sb = _per_channel(b._scales, n)
+    zb = _per_channel(b._zero_points, n)
+    out = _checks.alloc(fname, (m, n), np.float64)
+    ra = np.empty(m, dtype=np.int64)
+    cb = np.empty(n, dtype=np.int64)
+    if _USE_VNNI:
+        mr, nr = _kq._MR, _kq._NR
+        mp = -(-m // mr) * mr
+        np_ = -(-n // nr) * nr
+        kp = -(-k // 4) * 4
+        ap = _checks.alloc(fname, (mp * kp,), np.uint8)
+        bp = _checks.alloc(fname, (np_ * kp,), np.int8)
+        _kq.pack_a_u8(qa, mp, kp, ap, ra)
+        _kq.pack_b_vnni(qb, np_, kp, bp, cb)
+        ntiles = (mp // mr) * (np_ // nr)
+        bad_acc = np.empty(ntiles, dtype=np.int64)
+        bad_fin = np.empty(ntiles, dtype=np.int64)
+        _kq.gemm_vnni(ap, bp, m, n, k, mp, np_, kp, ra, cb, za, zb, sa, sb, out,
+                      bad_acc, bad_fin)
+        first_acc = int(bad_acc.min())
+        first_fin = int(bad_fin.min())
+        first_acc = -1 if first_acc >= int(_kq._NO_INDEX) else first_acc
+        first_fin = -1 if first_fin >= int(_kq._NO_INDEX) else first_fin
+    else:
+        _kq.row_sums(qa, ra)
+        _kq.col_sums(qb, cb)
+        qbt = _checks.alloc(fname, (n, k), np.int8)
+        _kq.transpose_i8(qb, qbt)
+        bad_acc = np.empty(m, dtype=np.int64)
+        bad_fin = np.empty(m, dtype=np.int64)
+        _kq.gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+        first_acc = _first_flat(bad_acc, n)
+        first_fin = _first_flat(bad_fin, n)
+    if first_acc >= 0:
+        i, j = divmod(first_acc, n)
+        exact = int(np.dot(qa[i].astype(np.int64) - int(za[i]),
+                           qb[:, j].astype(np.int64) - int(zb[j])))
+        raise NumericOverflow(
+            f"{fname}: the exact integer accumulator at (i, j) = ({i}, {j}) is {exact}, "
+            f"outside the signed 32-bit range (expected {_INT32_MIN} <= acc <= {_INT32_MAX})")
+    if first_fin >= 0:
+        i, j = divmod(first_fin, n)
+        raise NumericOverflow(
+            f"{fname}: the result at (i, j) = ({i}, {j}) is not finite (got "
+            f"{float(out[i, j])!r} = ({float(sa[i])!r} * {float(sb[j])!r}) * acc)")
+    return out
+
+
+def _first_flat(bad_cols, n):
+    """Smallest ``i * n + j`` over rows ``i`` whose first bad column ``j`` is ``>= 0``."""
+    rows = np.flatnonzero(bad_cols >= 0)
+    if rows.size == 0:
+        return -1
+    i = int(rows[0])
+    return i * n + int(bad_cols[i])
