@@ -13,3 +13,13 @@ from .mixed import (
     update_loss_scaler,
 )
 from .._gradutils import clip_gradients, gradient_norm
+from .quantization import (
+    Quantization,
+    QuantizedTensor,
+    dequantize,
+    int8_gemm,
+    quantization_scales,
+    quantization_zero_points,
+    quantize,
+    quantized_values,
+)
