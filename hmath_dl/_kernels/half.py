@@ -47,8 +47,8 @@ def _round_one(u, mbits, bias):
     half = np.int64(1) << (shift - 1)
     if rem > half or (rem == half and (t & 1) == 1):
         t += 1
-    if t > 0xFFFF:                               # keep the pattern in 16 bits (overflow anyway)
-        t = 0xFFFF
+    if t > 0x7FFF:                               # far beyond the format: keep the magnitude
+        t = 0x7FFF                               # in 15 bits (it is >= inf, i.e. overflow)
     return sign | t
 
 
