@@ -1,0 +1,351 @@
+"""The reverse-mode tape: :class:`ADTensor`, :func:`variable`, :func:`constant`,
+:func:`gradients`, the one table of vector-Jacobian rules and :func:`unbroadcast`.
+
+Design (after HIPS/autograd ``core.py`` and micrograd ``engine.py``)
+--------------------------------------------------------------------
+* Every :class:`ADTensor` holds its ``value`` (a read-only float64 array) and, if some
+  variable reaches it, its ``parents`` and a record ``(op, ctx)``.  ``op`` names a rule
+  in :data:`VJP_RULES`, the single table ``op name -> vjp``; ``ctx`` is whatever the rule
+  needs from the forward pass.  Nodes that no variable reaches keep no parents: they are
+  constants and cost nothing in the backward pass.
+* :func:`gradients` sorts the graph topologically with an explicit stack (no recursion,
+  so a 10,000-op chain is fine), walks it from the output back to the leaves, keeps the
+  pending cotangent of every node in a dict and pops it once the node is processed.
+  Cotangents arriving over several paths are added (never in place).
+* A rule ``vjp(g, node, needs)`` receives the cotangent ``g`` of ``node`` (an array of
+  ``node.shape``), the node, and ``needs``, a tuple of bools telling which parents want a
+  gradient; it returns one entry per parent: an array of the parent's shape, or None.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable, Dict, List
+
+import numpy as np
+
+from .. import _checks
+from ..errors import DomainError, NumericOverflow, ShapeError
+
+__all__ = ["ADTensor", "variable", "constant", "gradients", "unbroadcast", "VJP_RULES",
+           "register_vjp", "as_adtensor", "make_node"]
+
+#: The one table of vector-Jacobian rules: op name -> ``vjp(g, node, needs)``.
+VJP_RULES: Dict[str, Callable] = {}
+
+
+def register_vjp(rules: Dict[str, Callable]) -> None:
+    """Add the rules of one module (a dict ``op name -> vjp``) to :data:`VJP_RULES`."""
+    for name, fn in rules.items():
+        if name in VJP_RULES and VJP_RULES[name] is not fn:
+            raise RuntimeError(f"register_vjp: rule {name!r} defined twice")
+        VJP_RULES[name] = fn
+
+
+class ADTensor:
+    """A node of the reverse-mode tape: a float64 value plus how it was computed.
+
+    Create leaves with :func:`variable` (gradients can be asked for it) or
+    :func:`constant`; everything else comes out of the operations of
+    :mod:`hmath_dl.autodiff` and :mod:`hmath_dl.layers` (``*_ad``).
+
+    Attributes
+    ----------
+    value : ndarray
+        The forward value, float64, C-contiguous, read-only.
+    shape, ndim, size : tuple, int, int
+        Those of ``value``.
+
+    Notes
+    -----
+    Operators ``+ - * / @`` follow numpy broadcasting / matmul rules; the other operand
+    may be an ADTensor, a number or an array-like (it becomes a :func:`constant`).
+    Unary ``-`` and ``x ** p`` with a real scalar ``p`` are supported.  Every result is
+    checked: a non-finite value raises :class:`~hmath_dl.errors.NumericOverflow`.
+    ``ADTensor(x)`` is the same as ``constant(x)``.
+    """
+
+    __slots__ = ("value", "parents", "op", "ctx", "is_variable", "needs_grad", "__weakref__")
+    __array_ufunc__ = None  # make numpy defer to our reflected operators
+
+    def __init__(self, x):
+        arr = tensor("constant", "x", x)
+        self._setup(_frozen_copy(arr), (), None, None, False, False)
+
+    def _setup(self, value, parents, op, ctx, is_variable, needs_grad):
+        self.value = value
+        self.parents = parents
+        self.op = op
+        self.ctx = ctx
+        self.is_variable = is_variable
+        self.needs_grad = needs_grad
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def shape(self):
+        return self.value.shape
+
+    @property
+    def ndim(self):
+        return self.value.ndim
+
+    @property
+    def size(self):
+        return self.value.size
+
+    def __repr__(self):
+        kind = "variable" if self.is_variable else (self.op or "constant")
+        return f"ADTensor({kind}, shape={self.value.shape})"
+
+    def __len__(self):
+        if self.value.ndim == 0:
+            raise TypeError("len() of a 0-d ADTensor")
+        return self.value.shape[0]
+
+    # ----------------------------------------------------------------- operators
+    # (implemented in ops.py; bound there to keep all primitives in one place)
+
+
+def tensor(fname: str, name: str, x) -> np.ndarray:
+    """``_checks.tensor`` (float64, C-contiguous, finite) keeping 0-d inputs 0-d
+    (``numpy.ascontiguousarray`` would turn them into shape ``[1]``)."""
+    arr = _checks.tensor(fname, name, x)
+    if arr.ndim == 1 and arr.shape[0] == 1 and np.ndim(x) == 0:
+        arr = arr.reshape(())
+    return arr
+
+
+def _frozen_copy(arr: np.ndarray) -> np.ndarray:
+    return _checks.owned_readonly(arr)
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """``arr`` (a fresh result nobody else holds) as read-only, C-contiguous float64."""
+    if arr.dtype != np.float64 or not arr.flags.c_contiguous:
+        arr = np.asarray(arr, dtype=np.float64, order="C")
+    if arr.flags.writeable:
+        if arr.base is not None and not arr.flags.owndata:
+            arr = arr.copy()
+        arr.flags.writeable = False
+    return arr
+
+
+def make_node(op: str, value: np.ndarray, parents, ctx=None) -> ADTensor:
+    """Record one primitive: ``value`` (fresh, owned) computed from ``parents`` by ``op``.
+
+    Parents that no variable reaches are not kept; if none is left the result is a
+    constant.  ``value`` must already be checked finite by the caller.
+    """
+    node = ADTensor.__new__(ADTensor)
+    needs = any(p.needs_grad for p in parents)
+    if needs:
+        if op not in VJP_RULES:
+            raise RuntimeError(f"make_node: no vjp rule for {op!r}")
+        node._setup(_frozen(value), tuple(parents), op, ctx, False, True)
+    else:
+        node._setup(_frozen(value), (), None, None, False, False)
+    return node
+
+
+def _leaf(fname: str, x, is_variable: bool) -> ADTensor:
+    if isinstance(x, ADTensor):
+        value = x.value  # already private and read-only
+    else:
+        value = _frozen_copy(tensor(fname, "x", x))
+    node = ADTensor.__new__(ADTensor)
+    node._setup(value, (), None, None, is_variable, is_variable)
+    return node
+
+
+def variable(x) -> ADTensor:
+    """A leaf of the tape that :func:`gradients` can differentiate with respect to.
+
+    Parameters
+    ----------
+    x : array_like or ADTensor
+        Converted to float64 and copied (later changes to ``x`` do not affect the node).
+        An ADTensor gives a new, independent leaf holding its value (detach).
+
+    Returns
+    -------
+    ADTensor
+        ``value`` equals ``x``.
+
+    Raises
+    ------
+    NonFiniteError
+        ``x`` holds NaN or ±inf.
+    TypeError
+        ``x`` is not numeric.
+    """
+    return _leaf("variable", x, True)
+
+
+def constant(x) -> ADTensor:
+    """A leaf that carries no gradient (``d constant / d anything = 0``).
+
+    Same conversion rules as :func:`variable`; ``constant(adtensor)`` stops the gradient
+    flowing through ``adtensor``.
+    """
+    return _leaf("constant", x, False)
+
+
+def as_adtensor(fname: str, name: str, x) -> ADTensor:
+    """``x`` itself if it is an ADTensor, else ``constant(x)`` (errors name ``fname``)."""
+    if isinstance(x, ADTensor):
+        return x
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{fname}: {name} must be an ADTensor or an array-like of numbers "
+                        f"(got {type(x).__name__})")
+    value = tensor(fname, name, x)
+    node = ADTensor.__new__(ADTensor)
+    node._setup(_frozen_copy(value), (), None, None, False, False)
+    return node
+
+
+def unbroadcast(g: np.ndarray, shape) -> np.ndarray:
+    """Sum ``g`` (a gradient of a broadcast result) back to an operand of ``shape``.
+
+    Leading axes that broadcasting added are summed away, then every axis where the
+    operand had extent 1 is summed with ``keepdims``.
+    """
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    extra = g.ndim - len(shape)
+    if extra > 0:
+        g = g.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def _topological_order(output: ADTensor) -> List[ADTensor]:
+    """Nodes that need a gradient, each after all of its parents (iterative DFS)."""
+    order: List[ADTensor] = []
+    visited = set()
+    stack = [(output, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for p in node.parents:
+            if p.needs_grad and id(p) not in visited:
+                stack.append((p, False))
+    return order
+
+
+def _backward(order, pending, results):
+    """Walk ``order`` from the output back; leaves' cotangents go to ``results``."""
+    for node in reversed(order):
+        g = pending.pop(id(node), None)
+        if g is None:
+            continue
+        if node.is_variable:
+            results[id(node)] = g
+            continue
+        parents = node.parents
+        needs = tuple(p.needs_grad for p in parents)
+        pgs = VJP_RULES[node.op](g, node, needs)
+        for p, need, pg in zip(parents, needs, pgs):
+            if not need or pg is None:
+                continue
+            key = id(p)
+            prev = pending.get(key)
+            pending[key] = pg if prev is None else prev + pg
+
+
+def gradients(output, wrt, cotangent=None) -> List[np.ndarray]:
+    """Reverse-mode gradients of ``output`` with respect to the variables ``wrt``.
+
+    Computes ``d <cotangent, output> / d w`` for every ``w`` in ``wrt``, i.e. the
+    vector-Jacobian product ``J_w(output)^T cotangent``, summed over every path from
+    ``w`` to ``output``.
+
+    Parameters
+    ----------
+    output : ADTensor
+        The value to differentiate.  Without a cotangent it must hold exactly one element
+        (a 0-d, ``[1]``, ``[1, 1]`` ... tensor); the cotangent is then ``1``.
+    wrt : ADTensor or list/tuple of ADTensor
+        Leaves created by :func:`variable`.  A variable that ``output`` does not depend on
+        gets a zero gradient; a variable listed twice gets its gradient twice.
+    cotangent : array_like, optional
+        Same shape as ``output`` (finite).
+
+    Returns
+    -------
+    list of ndarray
+        Always a list (also for a single ``wrt``), one new float64 array of each
+        variable's shape.
+
+    Raises
+    ------
+    TypeError
+        ``output`` or an entry of ``wrt`` is not an ADTensor.
+    DomainError
+        An entry of ``wrt`` is not a variable (a constant or an intermediate result).
+    ShapeError
+        ``output`` has more than one element and no cotangent is given, or the cotangent's
+        shape differs from ``output``'s.
+    NonFiniteError
+        The cotangent holds NaN/inf.
+    NumericOverflow
+        A gradient entry is not finite (for loss scaling: catch it and treat the step as
+        an overflow, see :mod:`hmath_dl.optim`).
+    """
+    fname = "gradients"
+    if not isinstance(output, ADTensor):
+        raise TypeError(f"{fname}: output must be an ADTensor (got {type(output).__name__})")
+    single = isinstance(wrt, ADTensor)
+    if single:
+        wrt_list = [wrt]
+    elif isinstance(wrt, (list, tuple)):
+        wrt_list = list(wrt)
+    else:
+        raise TypeError(f"{fname}: wrt must be an ADTensor or a list of ADTensors "
+                        f"(got {type(wrt).__name__})")
+    for i, w in enumerate(wrt_list):
+        if not isinstance(w, ADTensor):
+            raise TypeError(f"{fname}: wrt[{i}] must be an ADTensor (got {type(w).__name__})")
+        if not w.is_variable:
+            what = "a constant" if w.op is None else f"an intermediate result ({w.op})"
+            raise DomainError(f"{fname}: wrt[{i}] is {what}, not a variable "
+                              f"(create it with autodiff.variable)")
+    if cotangent is None:
+        if output.size != 1:
+            raise ShapeError(f"{fname}: output has shape {_checks.shape_str(output.shape)}; "
+                             f"a non-scalar output needs a cotangent of that shape")
+        cot = np.ones(output.shape, dtype=np.float64)
+    else:
+        cot = tensor(fname, "cotangent", cotangent)
+        if cot.shape != output.shape:
+            raise ShapeError(f"{fname}: cotangent shape {_checks.shape_str(cot.shape)} differs "
+                             f"from output shape {_checks.shape_str(output.shape)}")
+
+    results: Dict[int, np.ndarray] = {}
+    if output.needs_grad:
+        order = _topological_order(output)
+        pending: Dict[int, np.ndarray] = {id(output): cot}
+        with np.errstate(all="ignore"):  # overflow is reported below, per gradient
+            _backward(order, pending, results)
+
+    out = []
+
+    for i, w in enumerate(wrt_list):
+        g = results.get(id(w))
+        if g is None:
+            out.append(np.zeros(w.shape, dtype=np.float64))
+            continue
+        g = np.array(np.broadcast_to(g, w.shape), dtype=np.float64, order="C", copy=True)
+        if not _checks.is_finite(g):
+            raise NumericOverflow(f"{fname}: the gradient for wrt[{i}] is not finite "
+                                  f"(a backward product overflowed)")
+        out.append(g)
+    return out

@@ -1,0 +1,522 @@
+"""Primitive differentiable operations and their vector-Jacobian products.
+
+Every primitive does three things: validate (errors name the public function), compute
+the forward value (checked: a non-finite result raises NumericOverflow) and record a node
+with :func:`~hmath_dl.autodiff.core.make_node`.  The derivative rules are NOT in the
+primitives: they are the functions ``_vjp_*`` collected in the one table :data:`RULES`
+(registered into :data:`hmath_dl.autodiff.core.VJP_RULES`).  A rule has the signature
+``vjp(g, node, needs) -> tuple`` (one gradient or None per parent); ``node.value`` is the
+forward output, ``node.parents`` the inputs, ``node.ctx`` what the forward pass saved.
+"""
+
+from __future__ import annotations
+
+import builtins
+import numbers
+
+import numpy as np
+
+from .. import _checks
+from ..errors import DomainError, IndexOutOfRange, NumericOverflow, ShapeError
+from .core import ADTensor, as_adtensor, make_node, register_vjp, unbroadcast
+
+__all__ = ["exp", "log", "sqrt", "tanh", "activate", "sum", "mean", "reshape", "transpose",
+           "softmax", "log_softmax", "cross_entropy", "mse"]
+
+_shape = _checks.shape_str
+
+
+def _checked(fname: str, value: np.ndarray, what: str) -> np.ndarray:
+    if not _checks.is_finite(value):
+        raise NumericOverflow(f"{fname}: result is not finite ({what})")
+    return value
+
+
+def _ad(fname, name, x):
+    return as_adtensor(fname, name, x)
+
+
+# =========================================================================== arithmetic
+def _broadcast(fname, a, b):
+    try:
+        return np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ShapeError(f"{fname}: operand shapes {_shape(a.shape)} and {_shape(b.shape)} "
+                         f"do not broadcast") from None
+
+
+def _binary(op, fname, a, b, fn, what):
+    a = _ad(fname, "left operand", a)
+    b = _ad(fname, "right operand", b)
+    _broadcast(fname, a, b)
+    with np.errstate(all="ignore"):
+        value = np.asarray(fn(a.value, b.value), dtype=np.float64)
+    return make_node(op, _checked(fname, value, what), (a, b))
+
+
+def _add(a, b):
+    return _binary("add", "ADTensor.__add__", a, b, np.add, "a sum overflowed")
+
+
+def _sub(a, b):
+    return _binary("subtract", "ADTensor.__sub__", a, b, np.subtract, "a difference overflowed")
+
+
+def _mul(a, b):
+    return _binary("multiply", "ADTensor.__mul__", a, b, np.multiply, "a product overflowed")
+
+
+def _div(a, b):
+    return _binary("divide", "ADTensor.__truediv__", a, b, np.divide,
+                   "division by zero or overflow")
+
+
+def _neg(a):
+    return make_node("negative", -a.value, (a,))
+
+
+def _pow(a, p):
+    fname = "ADTensor.__pow__"
+    if isinstance(p, ADTensor) or isinstance(p, (bool, np.bool_)) or \
+            not isinstance(p, (numbers.Real, np.integer, np.floating)):
+        raise TypeError(f"{fname}: the exponent must be a real scalar (got {type(p).__name__})")
+    p = _checks.real(fname, "exponent", p)
+    with np.errstate(all="ignore"):
+        value = np.power(a.value, p)
+    return make_node("power", _checked(fname, np.asarray(value, dtype=np.float64),
+                                       "x ** p overflowed or is undefined (0 ** negative, "
+                                       "negative ** fraction)"), (a,), p)
+
+
+def _matmul(a, b):
+    fname = "ADTensor.__matmul__"
+    a = _ad(fname, "left operand", a)
+    b = _ad(fname, "right operand", b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"{fname}: operands must have at least 1 axis "
+                         f"(got {_shape(a.shape)} @ {_shape(b.shape)})")
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        raise ShapeError(f"{fname}: inner sizes differ (got {_shape(a.shape)} @ {_shape(b.shape)})")
+    try:
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ShapeError(f"{fname}: batch axes do not broadcast "
+                         f"(got {_shape(a.shape)} @ {_shape(b.shape)})") from None
+    with np.errstate(all="ignore"):
+        value = np.asarray(np.matmul(a.value, b.value), dtype=np.float64)
+    return make_node("matmul", _checked(fname, value, "a dot product overflowed"), (a, b))
+
+
+def _swap(m):
+    return np.swapaxes(m, -1, -2)
+
+
+def _vjp_add(g, node, needs):
+    a, b = node.parents
+    return (unbroadcast(g, a.shape) if needs[0] else None,
+            unbroadcast(g, b.shape) if needs[1] else None)
+
+
+def _vjp_subtract(g, node, needs):
+    a, b = node.parents
+    return (unbroadcast(g, a.shape) if needs[0] else None,
+            unbroadcast(-g, b.shape) if needs[1] else None)
+
+
+def _vjp_multiply(g, node, needs):
+    a, b = node.parents
+    return (unbroadcast(g * b.value, a.shape) if needs[0] else None,
+            unbroadcast(g * a.value, b.shape) if needs[1] else None)
+
+
+def _vjp_divide(g, node, needs):
+    a, b = node.parents
+    ga = g / b.value
+    return (unbroadcast(ga, a.shape) if needs[0] else None,
+            unbroadcast(-ga * node.value, b.shape) if needs[1] else None)
+
+
+def _vjp_negative(g, node, needs):
+    return (-g,)
+
+
+def _vjp_power(g, node, needs):
+    (a,), p = node.parents, node.ctx
+    if p == 0.0:
+        return (np.zeros(a.shape),)
+    with np.errstate(all="ignore"):
+        return (g * p * np.power(a.value, p - 1.0),)
+
+
+def _vjp_matmul(g, node, needs):
+    a, b = node.parents
+    av = a.value if a.ndim >= 2 else a.value[None, :]
+    bv = b.value if b.ndim >= 2 else b.value[:, None]
+    g2 = g.reshape(np.broadcast_shapes(av.shape[:-2], bv.shape[:-2]) + (av.shape[-2], bv.shape[-1]))
+    ga = gb = None
+    if needs[0]:
+        ga = unbroadcast(np.matmul(g2, _swap(bv)), av.shape).reshape(a.shape)
+    if needs[1]:
+        gb = unbroadcast(np.matmul(_swap(av), g2), bv.shape).reshape(b.shape)
+    return ga, gb
+
+
+ADTensor.__add__ = lambda self, other: _add(self, other)
+ADTensor.__radd__ = lambda self, other: _add(other, self)
+ADTensor.__sub__ = lambda self, other: _sub(self, other)
+ADTensor.__rsub__ = lambda self, other: _sub(other, self)
+ADTensor.__mul__ = lambda self, other: _mul(self, other)
+ADTensor.__rmul__ = lambda self, other: _mul(other, self)
+ADTensor.__truediv__ = lambda self, other: _div(self, other)
+ADTensor.__rtruediv__ = lambda self, other: _div(other, self)
+ADTensor.__matmul__ = lambda self, other: _matmul(self, other)
+ADTensor.__rmatmul__ = lambda self, other: _matmul(other, self)
+ADTensor.__neg__ = lambda self: _neg(self)
+ADTensor.__pos__ = lambda self: self
+ADTensor.__pow__ = lambda self, p: _pow(self, p)
+
+
+# =========================================================================== elementwise
+def _unary(op, fname, x, fn, what):
+    x = _ad(fname, "x", x)
+    with np.errstate(all="ignore"):
+        value = np.asarray(fn(x.value), dtype=np.float64)
+    return make_node(op, _checked(fname, value, what), (x,))
+
+
+def exp(x):
+    """Elementwise ``exp(x)``; ``d/dx = exp(x)``.
+
+    Raises NumericOverflow when ``exp(x)`` overflows (x > ~709.78).
+    """
+    return _unary("exp", "exp", x, np.exp, "exp overflowed")
+
+
+def log(x):
+    """Elementwise natural logarithm; ``d/dx = 1/x``.
+
+    Raises NumericOverflow for ``x <= 0`` (``log(0) = -inf``, ``log(-1) = NaN``).
+    """
+    return _unary("log", "log", x, np.log, "log of a value <= 0")
+
+
+def sqrt(x):
+    """Elementwise ``sqrt(x)``; ``d/dx = 1 / (2 sqrt(x))``.
+
+    Raises NumericOverflow for ``x < 0``.  At ``x = 0`` the value is 0 and the
+    gradient is infinite, so :func:`gradients` raises NumericOverflow if it is used.
+    """
+    return _unary("sqrt", "sqrt", x, np.sqrt, "sqrt of a negative value")
+
+
+def tanh(x):
+    """Elementwise ``tanh(x)``; ``d/dx = 1 - tanh(x)**2``."""
+    return _unary("tanh", "tanh", x, np.tanh, "tanh")
+
+
+def _vjp_exp(g, node, needs):
+    return (g * node.value,)
+
+
+def _vjp_log(g, node, needs):
+    return (g / node.parents[0].value,)
+
+
+def _vjp_sqrt(g, node, needs):
+    with np.errstate(all="ignore"):
+        return (g / (2.0 * node.value),)
+
+
+def _vjp_tanh(g, node, needs):
+    y = node.value
+    return (g * (1.0 - y * y),)
+
+
+def activate(activation, x):
+    """Differentiable :func:`hmath_dl.activations.activate`.
+
+    The forward value is exactly ``hmath_dl.activations.activate(activation, x.value)``;
+    the gradient is ``g * f'(x)`` with ``f'`` from the activations kernel (at the kinks
+    ``x = 0`` of RELU / LEAKY_RELU / ELU the left derivative: 0, 0.01 and 1).
+    """
+    from ..activations import Activation, activate as plain_activate
+    fname = "activate"
+    act = _checks.member(fname, "activation", activation, Activation)
+    x = _ad(fname, "x", x)
+    value = plain_activate(act, x.value)
+    return make_node("activate", value, (x,), act.value)
+
+
+def _vjp_activate(g, node, needs):
+    from .._kernels.elementwise import activation_derivative
+    x = node.parents[0].value
+    d = np.empty(x.shape)
+    if x.size:
+        activation_derivative(node.ctx, x.reshape(-1), d.reshape(-1))
+    return (g * d,)
+
+
+# =========================================================================== reductions
+def _axes(fname, axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (tuple, list)):
+        axes = tuple(_checks.axis(fname, "axis", a, ndim) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise DomainError(f"{fname}: axis has repeated entries (got {tuple(axis)!r})")
+        return axes
+    return (_checks.axis(fname, "axis", axis, ndim),)
+
+
+def _keep_shape(shape, axes):
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+
+def sum(x, axis=None, keepdims=False):
+    """``numpy.sum(x, axis, keepdims=keepdims)``; the gradient broadcasts ``g`` back.
+
+    ``axis``: None (all axes), an int or a tuple of ints in ``[-ndim, ndim)``
+    (DomainError otherwise, also for repeated axes).
+    """
+    fname = "sum"
+    x = _ad(fname, "x", x)
+    axes = _axes(fname, axis, x.ndim)
+    keepdims = _checks.boolean(fname, "keepdims", keepdims)
+    with np.errstate(all="ignore"):
+        value = np.sum(x.value, axis=axes, keepdims=keepdims)
+    value = _checked(fname, np.asarray(value, dtype=np.float64), "the sum overflowed")
+    return make_node("sum", value, (x,), axes)
+
+
+def mean(x, axis=None, keepdims=False):
+    """``numpy.mean(x, axis, keepdims=keepdims)``: the sum divided by the number ``n``
+    of reduced elements; the gradient is ``g / n`` broadcast back.
+
+    A mean over zero elements (an empty axis) is undefined: NumericOverflow.
+    """
+    fname = "mean"
+    x = _ad(fname, "x", x)
+    axes = _axes(fname, axis, x.ndim)
+    keepdims = _checks.boolean(fname, "keepdims", keepdims)
+    count = 1
+    for a in axes:
+        count *= x.shape[a]
+    if count == 0:
+        raise NumericOverflow(f"{fname}: mean over zero elements is undefined "
+                              f"(x has shape {_shape(x.shape)}, axis {axis!r})")
+    with np.errstate(all="ignore"):
+        value = np.sum(x.value, axis=axes, keepdims=keepdims) / count
+    value = _checked(fname, np.asarray(value, dtype=np.float64), "the sum overflowed")
+    return make_node("mean", value, (x,), (axes, count))
+
+
+def _vjp_sum(g, node, needs):
+    x = node.parents[0]
+    axes = node.ctx
+    return (np.broadcast_to(g.reshape(_keep_shape(x.shape, axes)), x.shape),)
+
+
+def _vjp_mean(g, node, needs):
+    x = node.parents[0]
+    axes, count = node.ctx
+    return (np.broadcast_to(g.reshape(_keep_shape(x.shape, axes)) / count, x.shape),)
+
+
+# =========================================================================== shapes
+def reshape(x, shape):
+    """``numpy.reshape(x, shape)`` (one entry may be -1); ShapeError if the sizes differ."""
+    fname = "reshape"
+    x = _ad(fname, "x", x)
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
+        shape = (shape,)
+    shape = _checks.int_tuple(fname, "shape", shape, min=-1)
+    try:
+        value = x.value.reshape(shape)
+    except ValueError:
+        raise ShapeError(f"{fname}: cannot reshape {_shape(x.shape)} into {shape!r}") from None
+    return make_node("reshape", value, (x,))
+
+
+def transpose(x, axes=None):
+    """``numpy.transpose(x, axes)``; ``axes`` None reverses the axes, otherwise it must be
+    a permutation of ``range(ndim)`` (negative entries allowed; DomainError otherwise)."""
+    fname = "transpose"
+    x = _ad(fname, "x", x)
+    if axes is None:
+        perm = tuple(range(x.ndim))[::-1]
+    else:
+        raw = _checks.int_tuple(fname, "axes", axes)
+        if len(raw) != x.ndim:
+            raise DomainError(f"{fname}: axes must have {x.ndim} entries (got {raw!r})")
+        perm = tuple(_checks.axis(fname, "axes", a, x.ndim) for a in raw)
+        if sorted(perm) != list(range(x.ndim)):
+            raise DomainError(f"{fname}: axes must be a permutation of 0..{x.ndim - 1} (got {raw!r})")
+    value = np.asarray(np.transpose(x.value, perm), order="C")
+    return make_node("transpose", value, (x,), perm)
+
+
+def _vjp_reshape(g, node, needs):
+    return (np.reshape(g, node.parents[0].shape),)
+
+
+def _vjp_transpose(g, node, needs):
+    return (np.transpose(g, np.argsort(node.ctx)),)
+
+
+# =========================================================================== softmax family
+def _log_softmax_values(v, axis):
+    m = np.max(v, axis=axis, keepdims=True)
+    z = v - m
+    with np.errstate(all="ignore"):
+        return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+
+
+def softmax(x, axis=-1):
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``.
+
+    Gradient: ``y * (g - sum(g * y, axis))``.
+    """
+    fname = "softmax"
+    x = _ad(fname, "x", x)
+    if x.ndim == 0:
+        raise ShapeError(f"{fname}: x must have at least 1 axis (got a 0-d tensor)")
+    ax = _checks.axis(fname, "axis", axis, x.ndim)
+    if x.size == 0:
+        return make_node("softmax", np.zeros(x.shape), (x,), ax)
+    z = x.value - np.max(x.value, axis=ax, keepdims=True)
+    e = np.exp(z)
+    value = e / np.sum(e, axis=ax, keepdims=True)
+    return make_node("softmax", _checked(fname, value, "softmax"), (x,), ax)
+
+
+def log_softmax(x, axis=-1):
+    """``(x - max) - log(sum(exp(x - max)))`` along ``axis``.
+
+    Gradient: ``g - exp(y) * sum(g, axis)``.
+    """
+    fname = "log_softmax"
+    x = _ad(fname, "x", x)
+    if x.ndim == 0:
+        raise ShapeError(f"{fname}: x must have at least 1 axis (got a 0-d tensor)")
+    ax = _checks.axis(fname, "axis", axis, x.ndim)
+    if x.size == 0:
+        return make_node("log_softmax", np.zeros(x.shape), (x,), ax)
+    value = _log_softmax_values(x.value, ax)
+    return make_node("log_softmax", _checked(fname, value, "log_softmax"), (x,), ax)
+
+
+def _vjp_softmax(g, node, needs):
+    y = node.value
+    return (y * (g - np.sum(g * y, axis=node.ctx, keepdims=True)),)
+
+
+def _vjp_log_softmax(g, node, needs):
+    y = node.value
+    return (g - np.exp(y) * np.sum(g, axis=node.ctx, keepdims=True),)
+
+
+# =========================================================================== losses
+def cross_entropy(logits, labels):
+    """Mean softmax cross-entropy ``-(1/B) sum_b log_softmax(logits)[b, labels[b]]``.
+
+    Parameters
+    ----------
+    logits : ADTensor (or array-like), shape ``[B, C]``, ``B >= 1``
+    labels : int array-like, shape ``[B]``, entries in ``[0, C)``
+
+    Returns
+    -------
+    ADTensor
+        0-d.  Gradient w.r.t. logits: ``g * (softmax(logits) - onehot(labels)) / B``.
+
+    Raises
+    ------
+    ShapeError
+        logits not 2-D, empty batch, or labels not of shape ``[B]``.
+    IndexOutOfRange
+        a label outside ``[0, C)``.
+    TypeError
+        labels not integers.
+    """
+    fname = "cross_entropy"
+    logits = _ad(fname, "logits", logits)
+    if logits.ndim != 2:
+        raise ShapeError(f"{fname}: logits must have 2 axes [B, C] (got shape {_shape(logits.shape)})")
+    lab = _checks.int_array(fname, "labels", labels)
+    b, c = logits.shape
+    if lab.shape != (b,):
+        raise ShapeError(f"{fname}: labels must have shape [{b}] (got {_shape(lab.shape)})")
+    if b == 0:
+        raise ShapeError(f"{fname}: the batch is empty (logits shape {_shape(logits.shape)})")
+    bad = np.flatnonzero((lab < 0) | (lab >= c))
+    if bad.size:
+        i = int(bad[0])
+        raise IndexOutOfRange(f"{fname}: labels[{i}] = {int(lab[i])} is outside [0, {c})")
+    lsm = _log_softmax_values(logits.value, 1)
+    picked = lsm[np.arange(b), lab]
+    value = np.asarray(-np.sum(picked) / b, dtype=np.float64)
+    return make_node("cross_entropy", _checked(fname, value, "cross entropy"), (logits,),
+                     (lsm, lab))
+
+
+def _vjp_cross_entropy(g, node, needs):
+    lsm, lab = node.ctx
+    b = lsm.shape[0]
+    d = np.exp(lsm)
+    d[np.arange(b), lab] -= 1.0
+    return (d * (g / b),)
+
+
+def mse(prediction, target):
+    """Mean squared error ``mean((prediction - target)**2)`` over all elements.
+
+    ``target`` is an ADTensor or an array-like (a constant) of the same shape as
+    ``prediction`` (ShapeError otherwise, also when empty).  Gradients:
+    ``2 g (prediction - target) / n`` and its negative for the target.
+    """
+    fname = "mse"
+    p = _ad(fname, "prediction", prediction)
+    t = _ad(fname, "target", target)
+    if p.shape != t.shape:
+        raise ShapeError(f"{fname}: prediction and target shapes differ "
+                         f"(got {_shape(p.shape)} and {_shape(t.shape)})")
+    if p.size == 0:
+        raise ShapeError(f"{fname}: prediction is empty (shape {_shape(p.shape)})")
+    with np.errstate(all="ignore"):
+        d = p.value - t.value
+        value = np.asarray(np.sum(d * d) / d.size, dtype=np.float64)
+    return make_node("mse", _checked(fname, value, "the squared error overflowed"), (p, t), d)
+
+
+def _vjp_mse(g, node, needs):
+    d = node.ctx
+    gp = d * (2.0 * g / d.size)
+    return (gp if needs[0] else None, -gp if needs[1] else None)
+
+
+# =========================================================================== the table
+RULES = {
+    "add": _vjp_add,
+    "subtract": _vjp_subtract,
+    "multiply": _vjp_multiply,
+    "divide": _vjp_divide,
+    "negative": _vjp_negative,
+    "power": _vjp_power,
+    "matmul": _vjp_matmul,
+    "exp": _vjp_exp,
+    "log": _vjp_log,
+    "sqrt": _vjp_sqrt,
+    "tanh": _vjp_tanh,
+    "activate": _vjp_activate,
+    "sum": _vjp_sum,
+    "mean": _vjp_mean,
+    "reshape": _vjp_reshape,
+    "transpose": _vjp_transpose,
+    "softmax": _vjp_softmax,
+    "log_softmax": _vjp_log_softmax,
+    "cross_entropy": _vjp_cross_entropy,
+    "mse": _vjp_mse,
+}
+register_vjp(RULES)
