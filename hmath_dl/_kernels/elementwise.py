@@ -34,8 +34,8 @@ not validate anything: pass finite inputs and a valid code (an unknown code leav
 ``out_flat`` untouched and returns True). Work is split over fixed chunks, so results do
 not depend on the thread count.
 
-Dropout: ``apply_mask(x_flat, mask_flat, out_flat)`` computes ``out = x * mask``;
-``dropout_mask(u_flat, p, scale, mask_flat)`` writes ``scale if u >= p else 0``.
+Dropout: ``dropout_train(x_flat, u_flat, p, scale, out_flat)`` (element-wise mask) and
+``apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat)`` (spatial).
 """
 
 import math
@@ -210,20 +210,10 @@ def activation_derivative(code, x_flat, out_flat):
 
 
 @kernel
-def dropout_mask(u_flat, p, scale, mask_flat):
-    """``mask_flat[i] = scale if u_flat[i] >= p else 0.0``."""
-    n = u_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    for c in prange(nchunks):
-        start = c * _CHUNK
-        stop = min(n, start + _CHUNK)
-        for i in range(start, stop):
-            mask_flat[i] = scale if u_flat[i] >= p else 0.0
-
-
-@kernel
-def apply_mask(x_flat, mask_flat, out_flat):
-    """``out_flat[i] = x_flat[i] * mask_flat[i]``; True iff every output is finite."""
+def dropout_train(x_flat, u_flat, p, scale, out_flat):
+    """Inverted dropout.  ``u_flat`` holds uniform draws in ``[0, 1)`` and is OVERWRITTEN
+    with the mask: ``scale`` where ``u >= p`` (element kept), else ``0.0``;
+    ``out_flat = x_flat * mask``.  True iff every output is finite."""
     n = x_flat.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     ok = np.ones(nchunks, dtype=np.bool_)
@@ -232,7 +222,9 @@ def apply_mask(x_flat, mask_flat, out_flat):
         stop = min(n, start + _CHUNK)
         acc = 0.0
         for i in range(start, stop):
-            v = x_flat[i] * mask_flat[i]
+            m = scale if u_flat[i] >= p else 0.0
+            u_flat[i] = m
+            v = x_flat[i] * m
             out_flat[i] = v
             acc += v * 0.0
         ok[c] = acc == 0.0

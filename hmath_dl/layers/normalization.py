@@ -1,0 +1,398 @@
+"""Normalisation layers: batch, layer, instance, group, RMS and weight normalisation.
+
+All statistics are two-pass (mean, then the mean of squared deviations) and computed in a
+fixed order inside one parallel iteration per row/channel, so results are bitwise identical
+for any ``NUMBA_NUM_THREADS``.  Inputs are never pre-scanned for NaN/inf: the kernels notice
+a non-finite row sum and the facade then reports the offending element.  Rows whose sums
+overflow although every input is finite (``|x|`` near ``1e308``) are recomputed with an
+exact power-of-two scaling, so they give the mathematically defined (finite) result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _checks
+from ..errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
+from .dropout import Mode
+
+__all__ = ["BatchNormState", "batch_norm", "layer_norm", "instance_norm", "group_norm",
+           "rms_norm", "weight_norm"]
+
+_OK, _NONFINITE, _OVERFLOW, _ZERO = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------- helpers
+def _epsilon(fname, epsilon):
+    return _checks.real(fname, "epsilon", epsilon, positive=True)
+
+
+def _raise_status(fname, status, xa, what="x", unit="row"):
+    """Turn kernel status codes into the library's errors."""
+    bad = np.flatnonzero(status)
+    if bad.size == 0:
+        return
+    first = int(bad[0])
+    code = int(status[first])
+    if code == _NONFINITE:
+        _checks.require_finite(fname, what, xa)
+    if code == _ZERO:
+        raise DomainError(f"{fname}: {unit} {first} of {what} is all zeros (its norm is 0; "
+                          f"expected a non-zero slice)")
+    raise NumericOverflow(f"{fname}: result is not finite for {unit} {first} "
+                          f"(intermediate values exceed the float64 range)")
+
+
+def _as_output_shape(xa, x):
+    if xa.ndim == 1 and np.ndim(x) == 0:  # _checks.tensor turns a 0-d input into [1]
+        return xa.reshape(())
+    return xa
+
+
+def _rows(fname, xa, rows, n, eps, center):
+    from .._kernels.norm import normalize_rows
+
+    out = _checks.alloc(fname, xa.shape)
+    if out.size == 0:
+        return out
+    status = np.zeros(rows, dtype=np.int8)
+    normalize_rows(xa.reshape(-1), rows, n, eps, center, out.reshape(-1), status)
+    _raise_status(fname, status, xa)
+    return out
+
+
+def _prod(shape):
+    p = 1
+    for s in shape:
+        p *= int(s)
+    return p
+
+
+# --------------------------------------------------------------------------- batch norm
+@dataclass(frozen=True, eq=False)
+class BatchNormState:
+    """Running statistics of a batch-norm layer (immutable).
+
+    Attributes
+    ----------
+    running_mean : ndarray, shape ``(C,)``, read-only
+    running_variance : ndarray, shape ``(C,)``, read-only, every entry ``>= 0``
+    batches_seen : int
+        Number of training batches folded in (``>= 0``).
+
+    The constructor copies the arrays (any array-like), checks equal lengths
+    (``ShapeError``), finiteness (``NonFiniteError``), non-negative variances and
+    ``batches_seen >= 0`` (``DomainError``).  Equality compares the values.
+    """
+
+    running_mean: np.ndarray
+    running_variance: np.ndarray
+    batches_seen: int = 0
+
+    def __post_init__(self):
+        fname = "BatchNormState"
+        mean = _checks.tensor(fname, "running_mean", self.running_mean, ndim=1)
+        var = _checks.tensor(fname, "running_variance", self.running_variance, ndim=1)
+        if mean.shape != var.shape:
+            raise ShapeError(f"{fname}: running_mean and running_variance must have the same "
+                             f"length (got {mean.shape[0]} and {var.shape[0]})")
+        if var.size and var.min() < 0.0:
+            i = int(np.argmin(var))
+            raise DomainError(f"{fname}: running_variance must be >= 0 (got {var[i]!r} at "
+                              f"index {i})")
+        seen = _checks.integer(fname, "batches_seen", self.batches_seen, min=0)
+        object.__setattr__(self, "running_mean", _checks.owned_readonly(mean))
+        object.__setattr__(self, "running_variance", _checks.owned_readonly(var))
+        object.__setattr__(self, "batches_seen", seen)
+
+    @classmethod
+    def initial(cls, channels) -> "BatchNormState":
+        """Zero means, unit variances, no batches seen; ``channels >= 1`` (DomainError)."""
+        c = _checks.integer("BatchNormState.initial", "channels", channels, min=1)
+        return cls(np.zeros(c), np.ones(c), 0)
+
+    @property
+    def channels(self) -> int:
+        return int(self.running_mean.shape[0])
+
+    def __eq__(self, other):
+        if not isinstance(other, BatchNormState):
+            return NotImplemented
+        return (self.batches_seen == other.batches_seen
+                and np.array_equal(self.running_mean, other.running_mean)
+                and np.array_equal(self.running_variance, other.running_variance))
+
+    def __hash__(self):
+        return hash((self.batches_seen, self.running_mean.tobytes(),
+                     self.running_variance.tobytes()))
+
+
+def batch_norm(mode, momentum, epsilon, gamma, beta, state, x):
+    """Batch normalisation over the batch and spatial axes, per channel.
+
+    Parameters
+    ----------
+    mode : Mode
+    momentum : float
+        In ``[0, 1]``: weight of the new batch in the running statistics.
+    epsilon : float
+        Finite, ``> 0``.
+    gamma, beta : array_like, length C
+        Per-channel scale and shift.
+    state : BatchNormState
+        Running statistics with C channels.
+    x : array_like, shape ``[N, C]`` or ``[N, C, *spatial]``
+
+    Returns
+    -------
+    (y, state)
+        ``y = gamma * (x - mean) / sqrt(var + epsilon) + beta`` per channel.
+        TRAINING: ``mean``/``var`` are the batch mean and **population** variance over
+        ``N`` and the spatial axes (``m = N * prod(spatial)`` values, ``m >= 1``); the
+        returned state has ``running = (1 - momentum) * running + momentum * stat`` with
+        the **unbiased** variance ``var * m / (m - 1)`` (population variance when
+        ``m == 1``) and ``batches_seen + 1``.
+        INFERENCE: ``mean``/``var`` are the running statistics; ``state`` is returned
+        unchanged (the same object).
+
+    Raises
+    ------
+    TypeError
+        ``mode`` not a Mode, ``state`` not a BatchNormState, non-numeric arguments.
+    DomainError
+        ``momentum`` outside ``[0, 1]``; ``epsilon`` not finite or ``<= 0``.
+    ShapeError
+        ``x`` with fewer than 2 axes; ``gamma``/``beta``/state not of length C; an empty
+        ``x`` in TRAINING (no statistics).
+    NonFiniteError
+        NaN/inf in ``x``, ``gamma`` or ``beta``.
+    NumericOverflow
+        a result or an updated running statistic is not finite.
+    """
+    fname = "batch_norm"
+    mode = _checks.member(fname, "mode", mode, Mode)
+    momentum = _checks.real(fname, "momentum", momentum, lo=0.0, hi=1.0)
+    eps = _epsilon(fname, epsilon)
+    if not isinstance(state, BatchNormState):
+        raise TypeError(f"{fname}: state must be a BatchNormState (got {type(state).__name__})")
+    xa = _checks.tensor(fname, "x", x, min_ndim=2, finite=False)
+    n, c = xa.shape[0], xa.shape[1]
+    g = _checks.vector(fname, "gamma", gamma, c)
+    b = _checks.vector(fname, "beta", beta, c)
+    if state.channels != c:
+        raise ShapeError(f"{fname}: state has {state.channels} channels, x has {c} "
+                         f"(x shape {_checks.shape_str(xa.shape)})")
+    s = _prod(xa.shape[2:])
+    out = _checks.alloc(fname, xa.shape)
+    status = np.zeros(c, dtype=np.int8)
+    if mode is Mode.INFERENCE:
+        if out.size == 0:
+            return out, state
+        from .._kernels.norm import batch_norm_apply
+
+        rv = state.running_variance
+        # 2 sqrt(v/4 + eps/4) == sqrt(v + eps) exactly in the normal range, never overflows
+        scale = g / (2.0 * np.sqrt(0.25 * rv + 0.25 * eps))
+        batch_norm_apply(xa.reshape(-1), n, c, s, scale, b, state.running_mean,
+                         out.reshape(-1), status)
+        if status.any():
+            _checks.require_finite(fname, "x", xa)
+            _raise_status(fname, status, xa, unit="channel")
+        return out, state
+
+    m = n * s
+    if m == 0 or c == 0:
+        raise ShapeError(f"{fname}: TRAINING needs at least one value per channel "
+                         f"(got x shape {_checks.shape_str(xa.shape)})")
+    from .._kernels.norm import batch_norm_train
+
+    mean = np.zeros(c)
+    var = np.zeros(c)
+    batch_norm_train(xa.reshape(-1), n, c, s, eps, g, b, out.reshape(-1), mean, var, status)
+    _raise_status(fname, status, xa, unit="channel")
+    unbiased = var * (m / (m - 1)) if m > 1 else var
+    with np.errstate(over="ignore", invalid="ignore"):
+        new_mean = (1.0 - momentum) * state.running_mean + momentum * mean
+        new_var = (1.0 - momentum) * state.running_variance + momentum * unbiased
+    if not (np.isfinite(new_mean).all() and np.isfinite(new_var).all()):
+        raise NumericOverflow(f"{fname}: the updated running statistics are not finite "
+                              f"(batch variance exceeds the float64 range)")
+    return out, BatchNormState(new_mean, new_var, state.batches_seen + 1)
+
+
+# --------------------------------------------------------------------------- row norms
+def _axes(fname, axes, ndim):
+    a = _checks.integer(fname, "axes", axes)
+    if not 1 <= a <= ndim:
+        raise DomainError(f"{fname}: axes must be between 1 and x.ndim = {ndim} (got {a})")
+    return a
+
+
+def layer_norm(axes, epsilon, x):
+    """Layer normalisation over the last ``axes`` axes (no affine part).
+
+    ``y = (x - mean) / sqrt(var + epsilon)`` where ``mean`` and the population variance
+    ``var`` are taken over the last ``axes`` axes, separately for every index of the
+    leading axes.
+
+    Parameters
+    ----------
+    axes : int
+        ``1 <= axes <= x.ndim`` (DomainError).
+    epsilon : float
+        Finite, ``> 0`` (DomainError).
+    x : array_like
+
+    Returns
+    -------
+    ndarray, same shape as ``x``.
+
+    Raises
+    ------
+    DomainError, NonFiniteError (NaN/inf in ``x``), NumericOverflow, TypeError.
+    """
+    fname = "layer_norm"
+    eps = _epsilon(fname, epsilon)
+    xa = _as_output_shape(_checks.tensor(fname, "x", x, finite=False), x)
+    k = _axes(fname, axes, xa.ndim)
+    n = _prod(xa.shape[xa.ndim - k:])
+    rows = _prod(xa.shape[:xa.ndim - k])
+    return _rows(fname, xa, rows, n, eps, True)
+
+
+def rms_norm(axes, epsilon, x):
+    """RMS normalisation over the last ``axes`` axes: ``y = x / sqrt(mean(x*x) + epsilon)``.
+
+    ``mean(x*x)`` is taken over the last ``axes`` axes for every index of the leading
+    axes.  Overflow-safe: when ``x*x`` would overflow (``|x| > 1e154``) the row is
+    computed with an exact power-of-two rescaling, so the (finite) result is returned.
+
+    Parameters
+    ----------
+    axes : int
+        ``1 <= axes <= x.ndim`` (DomainError).
+    epsilon : float
+        Finite, ``> 0`` (DomainError).
+    x : array_like
+
+    Returns
+    -------
+    ndarray, same shape as ``x``.
+
+    Raises
+    ------
+    DomainError, NonFiniteError (NaN/inf in ``x``), NumericOverflow, TypeError.
+    """
+    fname = "rms_norm"
+    eps = _epsilon(fname, epsilon)
+    xa = _as_output_shape(_checks.tensor(fname, "x", x, finite=False), x)
+    k = _axes(fname, axes, xa.ndim)
+    n = _prod(xa.shape[xa.ndim - k:])
+    rows = _prod(xa.shape[:xa.ndim - k])
+    return _rows(fname, xa, rows, n, eps, False)
+
+
+def instance_norm(epsilon, x):
+    """Instance normalisation: ``y = (x - mean) / sqrt(var + epsilon)`` with mean and
+    population variance over the spatial axes, separately for every ``(n, c)``.
+
+    Parameters
+    ----------
+    epsilon : float
+        Finite, ``> 0`` (DomainError).
+    x : array_like, shape ``[N, C, *spatial]``
+        At least one spatial axis (ShapeError otherwise).
+
+    Returns
+    -------
+    ndarray, same shape as ``x``.
+
+    Raises
+    ------
+    ShapeError, DomainError, NonFiniteError, NumericOverflow, TypeError.
+    """
+    fname = "instance_norm"
+    eps = _epsilon(fname, epsilon)
+    xa = _checks.tensor(fname, "x", x, min_ndim=3, finite=False)
+    rows = xa.shape[0] * xa.shape[1]
+    return _rows(fname, xa, rows, _prod(xa.shape[2:]), eps, True)
+
+
+def group_norm(groups, epsilon, x):
+    """Group normalisation: channels are split into ``groups`` consecutive groups of
+    ``C / groups``; ``y = (x - mean) / sqrt(var + epsilon)`` with mean and population
+    variance over a group's channels and all spatial positions, separately per ``n``.
+
+    Parameters
+    ----------
+    groups : int
+        ``>= 1`` and dividing C (DomainError).
+    epsilon : float
+        Finite, ``> 0`` (DomainError).
+    x : array_like, shape ``[N, C, *spatial]``
+        At least 2 axes (``[N, C]`` is allowed: no spatial axis).
+
+    Returns
+    -------
+    ndarray, same shape as ``x``.
+
+    Raises
+    ------
+    ShapeError, DomainError, NonFiniteError, NumericOverflow, TypeError.
+    """
+    fname = "group_norm"
+    g = _checks.integer(fname, "groups", groups, min=1)
+    eps = _epsilon(fname, epsilon)
+    xa = _checks.tensor(fname, "x", x, min_ndim=2, finite=False)
+    c = xa.shape[1]
+    if c % g != 0:
+        raise DomainError(f"{fname}: groups must divide the channel count (got groups {g}, "
+                          f"C = {c})")
+    rows = xa.shape[0] * g
+    return _rows(fname, xa, rows, (c // g) * _prod(xa.shape[2:]), eps, True)
+
+
+# --------------------------------------------------------------------------- weight norm
+def weight_norm(axis, magnitudes, w):
+    """Weight normalisation: for every index ``i`` along ``axis``,
+    ``y[..., i, ...] = magnitudes[i] * w[..., i, ...] / ||w[..., i, ...]||`` (Euclidean
+    norm of the whole slice, all other axes).
+
+    The norm is computed with an exact power-of-two rescaling of the slice, so entries
+    like ``1e200`` or ``1e-200`` neither overflow nor underflow in the squares.
+
+    Parameters
+    ----------
+    axis : int
+        In ``[-w.ndim, w.ndim)`` (DomainError).
+    magnitudes : array_like, length ``w.shape[axis]`` (ShapeError), finite
+    w : array_like, at least 1 axis, finite
+
+    Returns
+    -------
+    ndarray, same shape as ``w``.
+
+    Raises
+    ------
+    DomainError
+        bad ``axis``; a slice that is all zeros (its direction is undefined).
+    ShapeError, NonFiniteError, NumericOverflow, TypeError.
+    """
+    fname = "weight_norm"
+    wa = _checks.tensor(fname, "w", w, min_ndim=1)
+    ax = _checks.axis(fname, "axis", axis, wa.ndim)
+    a = wa.shape[ax]
+    mags = _checks.vector(fname, "magnitudes", magnitudes, a)
+    out = _checks.alloc(fname, wa.shape)
+    if out.size == 0:
+        return out
+    from .._kernels.norm import weight_norm_kernel
+
+    p = _prod(wa.shape[:ax])
+    q = _prod(wa.shape[ax + 1:])
+    status = np.zeros(a, dtype=np.int8)
+    weight_norm_kernel(wa.reshape(-1), p, a, q, mags, out.reshape(-1), status)
+    _raise_status(fname, status, wa, what="w", unit="slice")
+    return out
