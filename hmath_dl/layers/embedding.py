@@ -1,0 +1,50 @@
+"""Embedding lookup."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks
+from ..errors import IndexOutOfRange
+
+__all__ = ["embedding"]
+
+
+def embedding(weights, indices):
+    """Gather rows of an embedding table.
+
+    Parameters
+    ----------
+    weights : array_like, shape ``[V, F]``
+        Finite table.
+    indices : int array_like, any shape
+        Integer entries in ``[0, V)``; float or bool indices raise TypeError.
+
+    Returns
+    -------
+    ndarray, shape ``indices.shape + (F,)``
+        ``out[idx, :] = weights[indices[idx], :]`` (a copy; the caller owns it).
+
+    Raises
+    ------
+    IndexOutOfRange
+        an index outside ``[0, V)`` (negatives too); the message names the first one
+        (row-major position and value).
+    ShapeError, NonFiniteError, TypeError, DomainError (an unsigned index beyond int64).
+    """
+    fname = "embedding"
+    w = _checks.tensor(fname, "weights", weights, ndim=2)
+    idx = _checks.int_array(fname, "indices", indices)
+    v, f = w.shape
+    out = _checks.alloc(fname, idx.shape + (f,))
+    flat = idx.reshape(-1)
+    if flat.size == 0:
+        return out
+    from .._kernels.embedding import embedding_gather
+
+    bad = embedding_gather(w, flat, out.reshape(flat.size, f))
+    if bad >= 0:
+        where = tuple(int(i) for i in np.unravel_index(bad, idx.shape))
+        raise IndexOutOfRange(f"{fname}: indices{list(where)} = {int(flat[bad])} is outside "
+                              f"[0, {v}) (the table has {v} rows)")
+    return out

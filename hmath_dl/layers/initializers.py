@@ -1,0 +1,201 @@
+"""Weight initialisers (the ``Initializer`` union) and ``initialize_weights``.
+
+Every draw comes from ``rng.generator()`` (numpy's Philox stream) and the advanced RNG is
+returned; the RNG passed in is never changed, so the same RNG gives the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from .. import _checks
+from ..errors import DomainError, NumericOverflow
+from ..rng import RNG
+
+__all__ = ["XavierUniform", "XavierNormal", "KaimingUniform", "KaimingNormal", "Orthogonal",
+           "TruncatedNormal", "Initializer", "initialize_weights"]
+
+
+@dataclass(frozen=True)
+class XavierUniform:
+    """``U(-a, a)`` with ``a = sqrt(6 / (fan_in + fan_out))``."""
+
+
+@dataclass(frozen=True)
+class XavierNormal:
+    """``N(0, std**2)`` with ``std = sqrt(2 / (fan_in + fan_out))``."""
+
+
+@dataclass(frozen=True)
+class KaimingUniform:
+    """``U(-b, b)`` with ``b = sqrt(6 / fan_in)``."""
+
+
+@dataclass(frozen=True)
+class KaimingNormal:
+    """``N(0, std**2)`` with ``std = sqrt(2 / fan_in)``."""
+
+
+@dataclass(frozen=True)
+class Orthogonal:
+    """A (semi-)orthogonal matrix times ``gain`` (finite, DomainError otherwise).
+
+    The shape is flattened to ``[shape[0], prod(shape[1:])]``; see
+    :func:`initialize_weights`.
+    """
+
+    gain: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "gain", _checks.real("Orthogonal", "gain", self.gain))
+
+
+@dataclass(frozen=True)
+class TruncatedNormal:
+    """``N(mean, sigma**2)`` conditioned on ``|x - mean| <= cutoff * sigma``.
+
+    ``mean`` finite, ``sigma > 0``, ``cutoff > 0`` (all finite; DomainError otherwise).
+    """
+
+    mean: float
+    sigma: float
+    cutoff: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "mean", _checks.real("TruncatedNormal", "mean", self.mean))
+        object.__setattr__(self, "sigma",
+                           _checks.real("TruncatedNormal", "sigma", self.sigma, positive=True))
+        object.__setattr__(self, "cutoff",
+                           _checks.real("TruncatedNormal", "cutoff", self.cutoff, positive=True))
+
+
+Initializer = Union[XavierUniform, XavierNormal, KaimingUniform, KaimingNormal, Orthogonal,
+                    TruncatedNormal]
+_KINDS = (XavierUniform, XavierNormal, KaimingUniform, KaimingNormal, Orthogonal,
+          TruncatedNormal)
+
+
+def _truncated_standard(gen, count, c):
+    """``count`` standard normals conditioned on ``|z| <= c`` by exact rejection sampling.
+
+    ``c <= 2``: propose ``z ~ U(-c, c)`` (``gen.uniform``), accept iff
+    ``gen.random() <= exp(-z**2 / 2)`` (acceptance >= 0.59);  ``c > 2``: propose
+    ``z ~ N(0, 1)`` (``gen.standard_normal``), accept iff ``|z| <= c`` (acceptance
+    >= 0.95).  Rejected entries are redrawn together, in index order, until none is left.
+    """
+    out = np.empty(count)
+    todo = np.arange(count)
+    while todo.size:
+        k = todo.size
+        if c <= 2.0:
+            z = gen.uniform(-c, c, k)
+            u = gen.random(k)
+            ok = u <= np.exp(-0.5 * z * z)
+        else:
+            z = gen.standard_normal(k)
+            ok = np.abs(z) <= c
+        out[todo[ok]] = z[ok]
+        todo = todo[~ok]
+    return out
+
+
+def initialize_weights(init, fan_in, fan_out, shape, rng):
+    """Draw an initial weight tensor.
+
+    Parameters
+    ----------
+    init : Initializer
+        One of XavierUniform(), XavierNormal(), KaimingUniform(), KaimingNormal(),
+        Orthogonal(gain), TruncatedNormal(mean, sigma, cutoff).
+    fan_in, fan_out : int
+        Positive (DomainError), checked for every initialiser.
+    shape : tuple of int
+        Non-negative extents (an int means a 1-D shape).
+    rng : RNG
+
+    Returns
+    -------
+    (weights, rng)
+        A new float64 array of ``shape`` and the advanced RNG.  Draws (row-major, from
+        ``g = rng.generator()``):
+
+        * XavierUniform: ``g.uniform(-a, a, shape)``, ``a = sqrt(6 / (fan_in + fan_out))``
+        * XavierNormal: ``std * g.standard_normal(shape)``, ``std = sqrt(2 / (fan_in + fan_out))``
+        * KaimingUniform: ``g.uniform(-b, b, shape)``, ``b = sqrt(6 / fan_in)``
+        * KaimingNormal: ``std * g.standard_normal(shape)``, ``std = sqrt(2 / fan_in)``
+        * Orthogonal(gain): ``R = shape[0]``, ``K = prod(shape[1:])`` (both >= 1 and
+          ``len(shape) >= 2``, DomainError otherwise); ``A = g.standard_normal((R, K))``
+          if ``R >= K`` else of shape ``(K, R)``; ``Q, Rm = numpy.linalg.qr(A)``;
+          ``Q *= sign(diag(Rm))`` (a zero diagonal counts as +1); transposed back when
+          ``R < K``; times ``gain``.  Rows (R <= K) or columns (R >= K) are orthonormal.
+        * TruncatedNormal(mean, sigma, cutoff): ``mean + sigma * z`` with ``z`` standard
+          normal conditioned on ``|z| <= cutoff``, by exact rejection sampling (uniform
+          proposal with acceptance ``exp(-z**2/2)`` when ``cutoff <= 2``, normal proposal
+          otherwise; rejected entries redrawn in rounds).
+
+    Raises
+    ------
+    TypeError
+        ``init`` not an initialiser, ``rng`` not an RNG, non-int fans/shape.
+    DomainError
+        non-positive fans, negative extents, an unusable Orthogonal shape.
+    NumericOverflow
+        ``mean + sigma * z`` not finite.
+    """
+    fname = "initialize_weights"
+    if not isinstance(init, _KINDS):
+        names = ", ".join(k.__name__ for k in _KINDS)
+        raise TypeError(f"{fname}: init must be one of {names} (got {type(init).__name__} {init!r})")
+    fi = _checks.integer(fname, "fan_in", fan_in, min=1)
+    fo = _checks.integer(fname, "fan_out", fan_out, min=1)
+    shp = _checks.shape_tuple(fname, "shape", shape, min=0)
+    if not isinstance(rng, RNG):
+        raise TypeError(f"{fname}: rng must be an RNG (got {type(rng).__name__} {rng!r})")
+    _checks.check_size(fname, shp)
+    gen = rng.generator()
+    if isinstance(init, XavierUniform):
+        a = math.sqrt(6.0 / (fi + fo))
+        w = gen.uniform(-a, a, shp)
+    elif isinstance(init, XavierNormal):
+        w = math.sqrt(2.0 / (fi + fo)) * gen.standard_normal(shp)
+    elif isinstance(init, KaimingUniform):
+        b = math.sqrt(6.0 / fi)
+        w = gen.uniform(-b, b, shp)
+    elif isinstance(init, KaimingNormal):
+        w = math.sqrt(2.0 / fi) * gen.standard_normal(shp)
+    elif isinstance(init, Orthogonal):
+        if len(shp) < 2:
+            raise DomainError(f"{fname}: Orthogonal needs a shape with at least 2 axes "
+                              f"(got {shp!r})")
+        rows = shp[0]
+        cols = 1
+        for s in shp[1:]:
+            cols *= s
+        if rows < 1 or cols < 1:
+            raise DomainError(f"{fname}: Orthogonal needs a positive matrix shape "
+                              f"(got {shp!r}, flattened to [{rows}, {cols}])")
+        tall = rows >= cols
+        a = gen.standard_normal((rows, cols) if tall else (cols, rows))
+        q, r = np.linalg.qr(a)
+        d = np.sign(np.diag(r))
+        d[d == 0] = 1.0
+        q = q * d
+        if not tall:
+            q = q.T
+        w = init.gain * q
+    else:  # TruncatedNormal
+        count = 1
+        for s in shp:
+            count *= s
+        z = _truncated_standard(gen, count, init.cutoff)
+        with np.errstate(over="ignore", invalid="ignore"):
+            w = init.mean + init.sigma * z
+        if not np.isfinite(w).all():
+            raise NumericOverflow(f"{fname}: mean + sigma * z is not finite "
+                                  f"(mean {init.mean!r}, sigma {init.sigma!r})")
+    out = np.ascontiguousarray(np.asarray(w, dtype=np.float64).reshape(shp))
+    return out, rng.advanced(gen)
