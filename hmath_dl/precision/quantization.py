@@ -197,6 +197,8 @@ def quantize(mode, axis, x) -> QuantizedTensor:
     if axis is not None:
         _checks.integer(fname, "axis", axis)
     arr = _checks.tensor(fname, "x", x, nonempty=True)
+    if arr.shape == (1,) and np.ndim(x) == 0:
+        arr = arr.reshape(())  # _checks.tensor (np.ascontiguousarray) promotes 0-d to 1-d
     ax = None if axis is None else _checks.axis(fname, "axis", axis, arr.ndim)
     outer, nch, inner = _layout(arr.shape, ax)
     flat = arr.reshape(-1)
