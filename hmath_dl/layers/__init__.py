@@ -7,3 +7,6 @@ from .normalization import (BatchNormState, batch_norm, group_norm, instance_nor
 from .initializers import (Initializer, KaimingNormal, KaimingUniform, Orthogonal,
                            TruncatedNormal, XavierNormal, XavierUniform, initialize_weights)
 from .embedding import embedding
+from .differentiable import (batch_norm_ad, convolution_ad, dense_ad, dropout_ad, embedding_ad,
+                             layer_norm_ad, multihead_attention_ad, pooling_ad, rms_norm_ad,
+                             scaled_dot_product_attention_ad, transposed_convolution_ad)

@@ -1,0 +1,309 @@
+"""Backward (vector-Jacobian) kernels of the differentiable layers.
+
+Every kernel is parallel over the gradient's OWN outputs (a row, a channel, an
+``(n, c)`` plane, a vocabulary row, an attention problem) and sums its terms in a fixed
+order inside one ``prange`` iteration, so results are bitwise identical for any thread
+count; nothing is ever accumulated into a shared array from ``prange``.  All arrays are
+C-contiguous float64 (int64 for indices) with consistent shapes; nothing is validated.
+
+The convolution gradients are Layers II's kernels (``_kernels/conv.py``:
+``conv_transpose_nd`` for the input, ``conv_weight_grad_nd`` for the weights).
+"""
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ._jit import helper, kernel
+
+
+# --------------------------------------------------------------------------- row norms
+@kernel
+def norm_rows_backward(x, y, g, rows, n, eps, center, dx):
+    """Layer norm (``center``) / RMS norm backward over ``rows`` rows of length ``n``.
+
+    With ``r = 1 / sqrt(var + eps)`` (``var`` the population variance, or ``mean(x^2)``
+    when not centering) and ``y`` the forward output::
+
+        dx = r * (g - [center] mean(g) - y * mean(g * y))
+    """
+    inv_n = 1.0 / n
+    for i in prange(rows):
+        base = i * n
+        m = 0.0
+        if center:
+            for j in range(n):
+                m += x[base + j]
+            m *= inv_n
+        v = 0.0
+        for j in range(n):
+            d = x[base + j] - m
+            v += d * d
+        v *= inv_n
+        r = 1.0 / math.sqrt(v + eps)
+        sg = 0.0
+        sgy = 0.0
+        for j in range(n):
+            sg += g[base + j]
+            sgy += g[base + j] * y[base + j]
+        mg = sg * inv_n if center else 0.0
+        mgy = sgy * inv_n
+        for j in range(n):
+            dx[base + j] = r * (g[base + j] - mg - y[base + j] * mgy)
+
+
+# --------------------------------------------------------------------------- batch norm
+@kernel
+def batch_norm_backward(x, g, N, C, S, eps, gamma, training, run_mean, run_var,
+                        dx, dgamma, dbeta):
+    """Batch norm backward, parallel over channels; ``x``/``g``/``dx`` are ``[N, C, S]``
+    flattened.
+
+    TRAINING (batch statistics, ``m = N S``; ``xh = (x - mean) r``)::
+
+        dbeta = sum g;  dgamma = sum g xh;  dx = gamma r (g - dbeta/m - xh dgamma/m)
+
+    INFERENCE (running statistics, ``r = 1 / (2 sqrt(rv/4 + eps/4))``): ``dx = g gamma r``,
+    ``dgamma = sum g (x - rm) r``, ``dbeta = sum g``.
+    """
+    m = N * S
+    for c in prange(C):
+        if training:
+            mu = 0.0
+            for n in range(N):
+                base = (n * C + c) * S
+                for s in range(S):
+                    mu += x[base + s]
+            mu /= m
+            v = 0.0
+            for n in range(N):
+                base = (n * C + c) * S
+                for s in range(S):
+                    d = x[base + s] - mu
+                    v += d * d
+            v /= m
+            r = 1.0 / math.sqrt(v + eps)
+        else:
+            mu = run_mean[c]
+            r = 1.0 / (2.0 * math.sqrt(0.25 * run_var[c] + 0.25 * eps))
+        sg = 0.0
+        sgx = 0.0
+        for n in range(N):
+            base = (n * C + c) * S
+            for s in range(S):
+                gv = g[base + s]
+                sg += gv
+                sgx += gv * ((x[base + s] - mu) * r)
+        dbeta[c] = sg
+        dgamma[c] = sgx
+        k = gamma[c] * r
+        if training:
+            a = sg / m
+            b = sgx / m
+            for n in range(N):
+                base = (n * C + c) * S
+                for s in range(S):
+                    dx[base + s] = k * (g[base + s] - a - ((x[base + s] - mu) * r) * b)
+        else:
+            for n in range(N):
+                base = (n * C + c) * S
+                for s in range(S):
+                    dx[base + s] = k * g[base + s]
+
+
+# --------------------------------------------------------------------------- pooling
+@kernel
+def pool_backward(x, g, is_max, kd, kh, kw, sd, sh, sw, pd, ph, pw, dx):
+    """Pooling backward on 5-D views ``x, dx [N, C, D, H, W]``, ``g [N, C, OD, OH, OW]``.
+
+    Parallel over ``(n, c)`` planes.  MAX: each output's cotangent goes to the first
+    position (in window order d, h, w) holding the window maximum; padded positions never
+    win.  AVERAGE: each output's cotangent is divided by the number of non-padded
+    positions in its window and added to each of them.  Outputs are visited in row-major
+    order, so every sum has a fixed order.
+    """
+    N, C, D, H, W = x.shape
+    OD, OH, OW = g.shape[2], g.shape[3], g.shape[4]
+    for t in prange(N * C):
+        n = t // C
+        c = t % C
+        xp = x[n, c]
+        dp = dx[n, c]
+        gp = g[n, c]
+        for a in range(D):
+            for b in range(H):
+                for e in range(W):
+                    dp[a, b, e] = 0.0
+        for od in range(OD):
+            d0 = od * sd - pd
+            for oh in range(OH):
+                h0 = oh * sh - ph
+                for ow in range(OW):
+                    w0 = ow * sw - pw
+                    gv = gp[od, oh, ow]
+                    if is_max:
+                        best = -np.inf
+                        bd = -1
+                        bh = -1
+                        bw = -1
+                        for i in range(kd):
+                            di = d0 + i
+                            if di < 0 or di >= D:
+                                continue
+                            for j in range(kh):
+                                hj = h0 + j
+                                if hj < 0 or hj >= H:
+                                    continue
+                                for k in range(kw):
+                                    wk = w0 + k
+                                    if wk < 0 or wk >= W:
+                                        continue
+                                    v = xp[di, hj, wk]
+                                    if bd < 0 or v > best:
+                                        best = v
+                                        bd = di
+                                        bh = hj
+                                        bw = wk
+                        if bd >= 0:
+                            dp[bd, bh, bw] += gv
+                    else:
+                        cnt = 0
+                        for i in range(kd):
+                            di = d0 + i
+                            if di < 0 or di >= D:
+                                continue
+                            for j in range(kh):
+                                hj = h0 + j
+                                if hj < 0 or hj >= H:
+                                    continue
+                                for k in range(kw):
+                                    wk = w0 + k
+                                    if wk >= 0 and wk < W:
+                                        cnt += 1
+                        if cnt == 0:
+                            continue
+                        share = gv / cnt
+                        for i in range(kd):
+                            di = d0 + i
+                            if di < 0 or di >= D:
+                                continue
+                            for j in range(kh):
+                                hj = h0 + j
+                                if hj < 0 or hj >= H:
+                                    continue
+                                for k in range(kw):
+                                    wk = w0 + k
+                                    if wk >= 0 and wk < W:
+                                        dp[di, hj, wk] += share
+
+
+# --------------------------------------------------------------------------- embedding
+@kernel
+def embedding_backward(indices, g, V, dw):
+    """``dw[v] = sum over positions i with indices[i] == v of g[i]`` (``g [L, F]``,
+    ``dw [V, F]``), summed in increasing ``i``.
+
+    A serial counting sort groups the positions by row (stable), then the rows are
+    processed in parallel: every ``prange`` iteration owns one row of ``dw``.
+    """
+    L = indices.shape[0]
+    F = g.shape[1]
+    start = np.zeros(V + 1, dtype=np.int64)
+    for i in range(L):
+        start[indices[i] + 1] += 1
+    for v in range(V):
+        start[v + 1] += start[v]
+    fill = start[:V].copy()
+    order = np.empty(L, dtype=np.int64)
+    for i in range(L):
+        v = indices[i]
+        order[fill[v]] = i
+        fill[v] += 1
+    for v in prange(V):
+        row = dw[v]
+        for f in range(F):
+            row[f] = 0.0
+        for p in range(start[v], start[v + 1]):
+            gi = g[order[p]]
+            for f in range(F):
+                row[f] += gi[f]
+
+
+# --------------------------------------------------------------------------- attention
+@kernel
+def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
+    """Scaled dot-product attention backward for ``B`` independent problems.
+
+    ``q [B, N, D]``, ``k [B, M, D]``, ``v [B, M, F]``, ``p [B, N, M]`` the forward
+    weights (0 for masked keys and fully masked rows), ``go [B, N, F]`` the output
+    cotangent, ``scale = 1/sqrt(D)``::
+
+        dv = p^T go;  dp = go v^T;  ds = p * (dp - rowsum(dp * p));
+        dq = scale ds k;  dk = scale ds^T q
+
+    Parallel over ``B``; inside, fixed loop orders.  Rows with ``p == 0`` give exact zeros.
+    """
+    B, N, D = q.shape
+    M = k.shape[1]
+    F = v.shape[2]
+    for b in prange(B):
+        qb = q[b]
+        kb = k[b]
+        vb = v[b]
+        pb = p[b]
+        gb = go[b]
+        dqb = dq[b]
+        dkb = dk[b]
+        dvb = dv[b]
+        ds = np.empty((N, M))
+        for i in range(N):
+            gi = gb[i]
+            pi = pb[i]
+            dsi = ds[i]
+            acc = 0.0
+            for j in range(M):
+                vj = vb[j]
+                s = 0.0
+                for f in range(F):
+                    s += gi[f] * vj[f]
+                dsi[j] = s
+                acc += s * pi[j]
+            for j in range(M):
+                dsi[j] = pi[j] * (dsi[j] - acc) * scale
+        # dq = ds k
+        for i in range(N):
+            dqi = dqb[i]
+            for e in range(D):
+                dqi[e] = 0.0
+            dsi = ds[i]
+            for j in range(M):
+                c = dsi[j]
+                if c != 0.0:
+                    kj = kb[j]
+                    for e in range(D):
+                        dqi[e] += c * kj[e]
+        # dk = ds^T q, dv = p^T go
+        for j in range(M):
+            dkj = dkb[j]
+            dvj = dvb[j]
+            for e in range(D):
+                dkj[e] = 0.0
+            for f in range(F):
+                dvj[f] = 0.0
+        for i in range(N):
+            qi = qb[i]
+            gi = gb[i]
+            dsi = ds[i]
+            pi = pb[i]
+            for j in range(M):
+                c = dsi[j]
+                if c != 0.0:
+                    dkj = dkb[j]
+                    for e in range(D):
+                        dkj[e] += c * qi[e]
+                w = pi[j]
+                if w != 0.0:
+                    dvj = dvb[j]
+                    for f in range(F):
+                        dvj[f] += w * gi[f]

@@ -1,0 +1,462 @@
+"""Differentiable layers: ADTensor in, ADTensor out.
+
+Each ``*_ad`` function computes its forward value with the plain layer of
+:mod:`hmath_dl.layers` (so the numbers are bit for bit those of the plain op) and records
+one node of the :mod:`hmath_dl.autodiff` tape whose vector-Jacobian rule is a Numba
+kernel: parallel over the gradient's own outputs, fixed summation orders, hence bitwise
+identical for any thread count.  The rules of this module form its part of the one table
+:data:`hmath_dl.autodiff.core.VJP_RULES` (see :data:`RULES` at the end).
+
+Arguments that are not ADTensors (plain arrays) are treated as constants.  Errors raised
+by the plain layer are re-raised with this function's name in front, e.g.
+``dense_ad: dense: x has 3 input features, weights expect 4 ...``.
+
+Dropout: either :func:`dropout_ad`, or by hand with the mask the plain layer returns::
+
+    y, mask, rng = dropout(Mode.TRAINING, p, rng, x.value)
+    y_ad = x * autodiff.constant(mask)        # same numbers as y; gradient g * mask
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .. import _checks
+from ..autodiff.core import ADTensor, as_adtensor, make_node, register_vjp
+from ..errors import MathError, ShapeError
+
+__all__ = ["dense_ad", "convolution_ad", "transposed_convolution_ad", "layer_norm_ad",
+           "rms_norm_ad", "batch_norm_ad", "pooling_ad", "embedding_ad", "dropout_ad",
+           "scaled_dot_product_attention_ad", "multihead_attention_ad"]
+
+
+@contextlib.contextmanager
+def _named(fname):
+    """Re-raise errors of a plain layer with ``fname`` in front of the message."""
+    try:
+        yield
+    except MathError as exc:
+        raise type(exc)(f"{fname}: {exc}") from None
+    except TypeError as exc:
+        raise TypeError(f"{fname}: {exc}") from None
+
+
+def _ad(fname, name, x):
+    return as_adtensor(fname, name, x)
+
+
+def _opt_ad(fname, name, x):
+    return None if x is None else as_adtensor(fname, name, x)
+
+
+def _c(g):
+    return np.ascontiguousarray(g, dtype=np.float64)
+
+
+def _tuple(value, r):
+    if isinstance(value, (int, np.integer)):
+        return (int(value),) * r
+    t = tuple(int(v) for v in value)
+    return t if len(t) == r else (t[0],) * r if len(t) == 1 else t
+
+
+def _parents(*xs):
+    return tuple(x for x in xs if x is not None)
+
+
+# =========================================================================== dense
+def dense_ad(x, w, bias):
+    """Differentiable :func:`~hmath_dl.layers.dense`: ``y = x @ w.T + bias``.
+
+    Parameters
+    ----------
+    x : ADTensor ``[B, in]`` (or ``[..., B, in]``, as the plain layer)
+    w : ADTensor ``[out, in]``
+    bias : ADTensor of length ``out``, or None
+
+    Returns
+    -------
+    ADTensor ``x.shape[:-1] + (out,)``; gradients ``dx = g @ w``, ``dw = g^T x`` (over all
+    leading axes), ``dbias = sum of g over all leading axes``.
+    """
+    from .dense import dense
+    fname = "dense_ad"
+    x = _ad(fname, "x", x)
+    w = _ad(fname, "w", w)
+    bias = _opt_ad(fname, "bias", bias)
+    with _named(fname):
+        value = dense(x.value, w.value, None if bias is None else bias.value)
+    return make_node("dense", value, _parents(x, w, bias))
+
+
+def _vjp_dense(g, node, needs):
+    x, w = node.parents[0], node.parents[1]
+    out = w.shape[0]
+    g2 = g.reshape(-1, out)
+    gx = gw = gb = None
+    if needs[0]:
+        gx = np.matmul(g, w.value)
+    if needs[1]:
+        gw = np.matmul(g2.T, x.value.reshape(-1, w.shape[1]))
+    if len(needs) > 2 and needs[2]:
+        gb = g2.sum(axis=0)
+    return (gx, gw, gb)[:len(needs)]
+
+
+# =========================================================================== convolution
+def _conv_geometry(options, r):
+    s = _tuple(options.stride, r)
+    p = _tuple(options.padding, r)
+    d = _tuple(options.dilation, r)
+    return s, p, d, int(getattr(options, "groups", 1))
+
+
+def convolution_ad(options, x, w, bias):
+    """Differentiable :func:`~hmath_dl.layers.convolution` (1-3 spatial axes, groups,
+    stride, padding, dilation).
+
+    Gradients: w.r.t. the input, the transposed convolution of ``g`` with ``w``; w.r.t.
+    the weights, the correlation ``dw[co, ci, k] = sum_{n, o} g[n, co, o] x[n, ci, o s - p
+    + k d]``; w.r.t. the bias, ``g`` summed over batch and spatial axes.
+    """
+    from .convolution import convolution
+    fname = "convolution_ad"
+    x = _ad(fname, "x", x)
+    w = _ad(fname, "w", w)
+    bias = _opt_ad(fname, "bias", bias)
+    with _named(fname):
+        value = convolution(options, x.value, w.value,
+                            None if bias is None else bias.value)
+    r = x.ndim - 2
+    return make_node("convolution", value, _parents(x, w, bias), _conv_geometry(options, r))
+
+
+def _vjp_convolution(g, node, needs):
+    from .._kernels.conv import conv_transpose_nd, conv_weight_grad_nd
+    x, w = node.parents[0], node.parents[1]
+    s, p, d, groups = node.ctx
+    g = _c(g)
+    r = x.ndim - 2
+    gx = gw = gb = None
+    if needs[0]:
+        S, O, K = x.shape[2:], g.shape[2:], w.shape[2:]
+        op = tuple(S[a] - ((O[a] - 1) * s[a] - 2 * p[a] + d[a] * (K[a] - 1) + 1) for a in range(r))
+        gx = conv_transpose_nd(g, w.value, None, s, p, d, op, groups)
+    if needs[1]:
+        gw = conv_weight_grad_nd(x.value, g, w.shape[2:], s, p, d, groups)
+    if len(needs) > 2 and needs[2]:
+        gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
+    return (gx, gw, gb)[:len(needs)]
+
+
+def transposed_convolution_ad(output_padding, options, x, w, bias):
+    """Differentiable :func:`~hmath_dl.layers.transposed_convolution`
+    (``w [Cin, Cout/groups, *K]``).
+
+    Gradients: w.r.t. the input, the forward convolution of ``g`` with ``w``; w.r.t. the
+    weights, ``dw[ci, co, k] = sum_{n, i} x[n, ci, i] g[n, co, i s - p + k d]``; w.r.t.
+    the bias, ``g`` summed over batch and spatial axes.
+    """
+    from .convolution import transposed_convolution
+    fname = "transposed_convolution_ad"
+    x = _ad(fname, "x", x)
+    w = _ad(fname, "w", w)
+    bias = _opt_ad(fname, "bias", bias)
+    with _named(fname):
+        value = transposed_convolution(output_padding, options, x.value, w.value,
+                                       None if bias is None else bias.value)
+    r = x.ndim - 2
+    return make_node("transposed_convolution", value, _parents(x, w, bias),
+                     _conv_geometry(options, r))
+
+
+def _vjp_transposed_convolution(g, node, needs):
+    from .._kernels.conv import conv_nd, conv_weight_grad_nd
+    x, w = node.parents[0], node.parents[1]
+    s, p, d, groups = node.ctx
+    g = _c(g)
+    gx = gw = gb = None
+    if needs[0]:
+        gx = conv_nd(g, w.value, None, s, p, d, groups)
+    if needs[1]:
+        gw = conv_weight_grad_nd(g, x.value, w.shape[2:], s, p, d, groups)
+    if len(needs) > 2 and needs[2]:
+        gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
+    return (gx, gw, gb)[:len(needs)]
+
+
+# =========================================================================== pooling
+def pooling_ad(mode, window, stride, padding, x):
+    """Differentiable :func:`~hmath_dl.layers.pooling` (MAX and AVERAGE).
+
+    MAX sends each output's gradient to the first maximal position of its window (window
+    order; padding never wins); AVERAGE spreads it evenly over the window's non-padded
+    positions.
+    """
+    from .pooling import PoolMode, pooling
+    fname = "pooling_ad"
+    x = _ad(fname, "x", x)
+    with _named(fname):
+        value = pooling(mode, window, stride, padding, x.value)
+    r = x.ndim - 2
+    is_max = mode is PoolMode.MAX
+    return make_node("pooling", value, (x,),
+                     (is_max, _tuple(window, r), _tuple(stride, r), _tuple(padding, r)))
+
+
+def _as5(a):
+    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
+
+
+def _pad3(t, fill):
+    return (fill,) * (3 - len(t)) + tuple(t)
+
+
+def _vjp_pooling(g, node, needs):
+    from .._kernels.backward import pool_backward
+    x = node.parents[0]
+    is_max, k, s, p = node.ctx
+    k, s, p = _pad3(k, 1), _pad3(s, 1), _pad3(p, 0)
+    dx = np.empty(x.shape)
+    if dx.size:
+        pool_backward(_as5(x.value), _as5(_c(g)), is_max, k[0], k[1], k[2], s[0], s[1], s[2],
+                      p[0], p[1], p[2], _as5(dx))
+    return (dx,)
+
+
+# =========================================================================== norms
+def layer_norm_ad(axes, epsilon, x):
+    """Differentiable :func:`~hmath_dl.layers.layer_norm` over the last ``axes`` axes.
+
+    With ``r = 1/sqrt(var + epsilon)`` per row and ``y`` the output:
+    ``dx = r (g - mean(g) - y mean(g y))`` (means over the normalised axes).
+    """
+    from .normalization import layer_norm
+    fname = "layer_norm_ad"
+    x = _ad(fname, "x", x)
+    with _named(fname):
+        value = layer_norm(axes, epsilon, x.value)
+    return make_node("layer_norm", value, (x,), (int(axes), float(epsilon), True))
+
+
+def rms_norm_ad(axes, epsilon, x):
+    """Differentiable :func:`~hmath_dl.layers.rms_norm` over the last ``axes`` axes.
+
+    With ``r = 1/sqrt(mean(x^2) + epsilon)`` and ``y`` the output:
+    ``dx = r (g - y mean(g y))``.
+    """
+    from .normalization import rms_norm
+    fname = "rms_norm_ad"
+    x = _ad(fname, "x", x)
+    with _named(fname):
+        value = rms_norm(axes, epsilon, x.value)
+    return make_node("layer_norm", value, (x,), (int(axes), float(epsilon), False))
+
+
+def _vjp_layer_norm(g, node, needs):
+    from .._kernels.backward import norm_rows_backward
+    x = node.parents[0]
+    axes, eps, center = node.ctx
+    n = 1
+    for s_ in x.shape[x.ndim - axes:]:
+        n *= s_
+    dx = np.empty(x.shape)
+    if dx.size:
+        rows = x.size // n
+        norm_rows_backward(x.value.reshape(-1), node.value.reshape(-1), _c(g).reshape(-1),
+                           rows, n, eps, center, dx.reshape(-1))
+    return (dx,)
+
+
+def batch_norm_ad(mode, momentum, epsilon, gamma, beta, state, x):
+    """Differentiable :func:`~hmath_dl.layers.batch_norm`; returns ``(y, state)`` with
+    ``y`` an ADTensor and ``state`` the plain layer's new :class:`BatchNormState`.
+
+    TRAINING (batch statistics, ``m = N * prod(spatial)`` values per channel,
+    ``xh = (x - mean) r``, ``r = 1/sqrt(var + epsilon)``): ``dbeta = sum g``,
+    ``dgamma = sum g xh``, ``dx = gamma r (g - dbeta/m - xh dgamma/m)``.
+    INFERENCE (running statistics are constants): ``dx = gamma r g``.
+    """
+    from .dropout import Mode
+    from .normalization import batch_norm
+    fname = "batch_norm_ad"
+    x = _ad(fname, "x", x)
+    gamma = _ad(fname, "gamma", gamma)
+    beta = _ad(fname, "beta", beta)
+    with _named(fname):
+        value, new_state = batch_norm(mode, momentum, epsilon, gamma.value, beta.value, state,
+                                      x.value)
+    training = mode is Mode.TRAINING
+    ctx = (float(epsilon), training, state.running_mean, state.running_variance)
+    return make_node("batch_norm", value, (x, gamma, beta), ctx), new_state
+
+
+def _vjp_batch_norm(g, node, needs):
+    from .._kernels.backward import batch_norm_backward
+    x, gamma, _ = node.parents
+    eps, training, rm, rv = node.ctx
+    N, C = x.shape[0], x.shape[1]
+    S = x.size // (N * C) if N * C else 0
+    dx = np.empty(x.shape)
+    dgamma = np.zeros(C)
+    dbeta = np.zeros(C)
+    if x.size:
+        batch_norm_backward(x.value.reshape(-1), _c(g).reshape(-1), N, C, S, eps, gamma.value,
+                            training, _c(rm), _c(rv), dx.reshape(-1), dgamma, dbeta)
+    return (dx, dgamma, dbeta)
+
+
+# =========================================================================== embedding
+def embedding_ad(weights, indices):
+    """Differentiable :func:`~hmath_dl.layers.embedding` (gradient w.r.t. the table).
+
+    ``dweights[v] = sum of g[i] over the positions i (row-major) with indices[i] == v``,
+    summed in increasing position order, rows in parallel.
+    """
+    from .embedding import embedding
+    fname = "embedding_ad"
+    weights = _ad(fname, "weights", weights)
+    with _named(fname):
+        value = embedding(weights.value, indices)
+        idx = _checks.int_array(fname, "indices", indices)
+    return make_node("embedding", value, (weights,), idx.reshape(-1))
+
+
+def _vjp_embedding(g, node, needs):
+    from .._kernels.backward import embedding_backward
+    w = node.parents[0]
+    idx = node.ctx
+    V, F = w.shape
+    dw = np.empty((V, F))
+    if dw.size:
+        embedding_backward(idx, _c(g).reshape(idx.size, F), V, dw)
+    return (dw,)
+
+
+# =========================================================================== dropout
+def dropout_ad(mode, p, rng, x):
+    """Differentiable :func:`~hmath_dl.layers.dropout`: returns ``(y, mask, rng)`` with
+    ``y = x * mask`` an ADTensor (gradient ``g * mask``), the mask and the advanced RNG
+    exactly as the plain layer returns them."""
+    from .dropout import dropout
+    fname = "dropout_ad"
+    x = _ad(fname, "x", x)
+    with _named(fname):
+        value, mask, new_rng = dropout(mode, p, rng, x.value)
+    return make_node("dropout", value, (x,), mask), mask, new_rng
+
+
+def _vjp_dropout(g, node, needs):
+    return (g * node.ctx,)
+
+
+# =========================================================================== attention
+def scaled_dot_product_attention_ad(q, k, v, mask=None):
+    """Differentiable :func:`~hmath_dl.layers.scaled_dot_product_attention` (no bias);
+    returns the output ADTensor ``[..., N, F]``.
+
+    With ``P`` the attention weights, ``dv = P^T g``, ``dS = P (g v^T - rowsum(P g v^T))``,
+    ``dq = dS k / sqrt(D)``, ``dk = dS^T q / sqrt(D)``.  Masked keys have ``P = 0``; a fully
+    masked row is a constant zero and back-propagates exact zeros.
+    """
+    from .attention import scaled_dot_product_attention
+    fname = "scaled_dot_product_attention_ad"
+    q = _ad(fname, "q", q)
+    k = _ad(fname, "k", k)
+    v = _ad(fname, "v", v)
+    with _named(fname):
+        out, weights = scaled_dot_product_attention(q.value, k.value, v.value, mask)
+    return make_node("attention", out, (q, k, v), (weights, 1))
+
+
+def multihead_attention_ad(heads, q, k, v, mask=None):
+    """Differentiable :func:`~hmath_dl.layers.multihead_attention` (no projections).
+
+    Head ``i`` attends with feature columns ``[i D/h, (i+1) D/h)`` of ``q``/``k`` and
+    ``[i F/h, (i+1) F/h)`` of ``v``; outputs concatenated in head order.  Gradients as in
+    :func:`scaled_dot_product_attention_ad`, per head.
+    """
+    from .attention import multihead_attention
+    fname = "multihead_attention_ad"
+    q = _ad(fname, "q", q)
+    k = _ad(fname, "k", k)
+    v = _ad(fname, "v", v)
+    with _named(fname):
+        out = multihead_attention(heads, q.value, k.value, v.value, mask)
+    h = int(heads)
+    # per-head weights for the backward pass: the same kernel on the head-split layout
+    weights = _head_weights(fname, h, q.value, k.value, v.value, mask)
+    return make_node("attention", out, (q, k, v), (weights, h))
+
+
+def _split_heads(a, h):
+    """``[..., N, D] -> [B*h, N, D/h]`` (C-contiguous)."""
+    lead = a.shape[:-2]
+    n, d = a.shape[-2:]
+    b = 1
+    for s_ in lead:
+        b *= s_
+    return np.ascontiguousarray(a.reshape(b, n, h, d // h).transpose(0, 2, 1, 3)).reshape(b * h, n, d // h)
+
+
+def _merge_heads(a, h, shape):
+    """Inverse of :func:`_split_heads` to ``shape``."""
+    bh, n, dh = a.shape
+    b = bh // h
+    return np.ascontiguousarray(a.reshape(b, h, n, dh).transpose(0, 2, 1, 3)).reshape(shape)
+
+
+def _head_weights(fname, h, q, k, v, mask):
+    from .._kernels.attention import attention_forward
+    qs, ks, vs = _split_heads(q, h), _split_heads(k, h), _split_heads(v, h)
+    B = qs.shape[0] // h
+    n, m = q.shape[-2], k.shape[-2]
+    if mask is None:
+        mk = np.ones((0, 0, 0), dtype=np.bool_)
+    else:
+        mk = _checks.bool_array(fname, "mask", mask)
+        mk = np.ascontiguousarray(np.broadcast_to(mk, q.shape[:-2] + (n, m))).reshape(B, n, m)
+    out = np.empty(qs.shape[:2] + (vs.shape[2],))
+    weights = np.empty((qs.shape[0], n, m))
+    if weights.size:
+        attention_forward(qs, ks, vs, mk, np.zeros((0, 0, 0)), out, weights)
+    return weights
+
+
+def _vjp_attention(g, node, needs):
+    from .._kernels.backward import attention_backward
+    q, k, v = node.parents
+    weights, h = node.ctx
+    if h == 1:
+        n, d = q.shape[-2:]
+        m, f = v.shape[-2:]
+        qs, ks, vs = (a.value.reshape(-1, *a.shape[-2:]) for a in (q, k, v))
+        gs = _c(g).reshape(-1, n, f)
+        ps = weights.reshape(-1, n, m)
+    else:
+        qs, ks, vs = (_split_heads(a.value, h) for a in (q, k, v))
+        gs = _split_heads(_c(g), h)
+        ps = weights
+        d = q.shape[-1] // h
+    dq, dk, dv = np.empty(qs.shape), np.empty(ks.shape), np.empty(vs.shape)
+    attention_backward(qs, ks, vs, ps, gs, 1.0 / np.sqrt(d), dq, dk, dv)
+    if h == 1:
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    return _merge_heads(dq, h, q.shape), _merge_heads(dk, h, k.shape), _merge_heads(dv, h, v.shape)
+
+
+# =========================================================================== the table
+RULES = {
+    "dense": _vjp_dense,
+    "convolution": _vjp_convolution,
+    "transposed_convolution": _vjp_transposed_convolution,
+    "pooling": _vjp_pooling,
+    "layer_norm": _vjp_layer_norm,
+    "batch_norm": _vjp_batch_norm,
+    "embedding": _vjp_embedding,
+    "dropout": _vjp_dropout,
+    "attention": _vjp_attention,
+}
+register_vjp(RULES)
