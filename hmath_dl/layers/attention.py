@@ -1,0 +1,407 @@
+"""Attention and positions: scaled dot-product attention, multi-head attention, causal
+masks, rotary embeddings, sinusoidal encodings and ALiBi biases.
+
+Layout is ``sequence, feature`` with optional leading batch axes (``..., sequence,
+feature``) that must be identical between ``q``, ``k`` and ``v``.  A mask is a boolean
+array where True means "this key may be attended to".
+
+Positions and offsets are non-negative ints: ``offset`` is the number of cached positions
+that precede the first query (a prefix length), so negative offsets are rejected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks
+from .._kernels.attention import attention_forward, rotary_forward
+from ..errors import DomainError, NumericOverflow, ShapeError
+
+__all__ = ["scaled_dot_product_attention", "multihead_attention", "causal_mask",
+           "rotary_embedding", "sinusoidal_encoding", "alibi_bias"]
+
+# Positions are converted to float64; beyond 2**53 they would no longer be exact.
+_MAX_POSITION = 2 ** 53
+
+_NO_MASK = np.ones((0, 0, 0), dtype=np.bool_)
+_NO_BIAS = np.zeros((0, 0, 0), dtype=np.float64)
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out
+
+
+def _qkv(fname, q, k, v):
+    """Validate q [..., N, D], k [..., M, D], v [..., M, F]; returns the arrays."""
+    q = _checks.tensor(fname, "q", q, min_ndim=2)
+    k = _checks.tensor(fname, "k", k, min_ndim=2)
+    v = _checks.tensor(fname, "v", v, min_ndim=2)
+    lead = q.shape[:-2]
+    if k.ndim != q.ndim or k.shape[:-2] != lead or v.ndim != q.ndim or v.shape[:-2] != lead:
+        raise ShapeError(
+            f"{fname}: q, k and v must have the same leading batch axes (got q "
+            f"{_checks.shape_str(q.shape)}, k {_checks.shape_str(k.shape)}, v "
+            f"{_checks.shape_str(v.shape)})")
+    if k.shape[-1] != q.shape[-1]:
+        raise ShapeError(
+            f"{fname}: q and k must have the same feature size D (got q "
+            f"{_checks.shape_str(q.shape)}, k {_checks.shape_str(k.shape)})")
+    if v.shape[-2] != k.shape[-2]:
+        raise ShapeError(
+            f"{fname}: k and v must have the same number of keys M (got k "
+            f"{_checks.shape_str(k.shape)}, v {_checks.shape_str(v.shape)})")
+    if q.shape[-1] == 0:
+        raise ShapeError(
+            f"{fname}: q and k must have at least one feature (got D = 0, q "
+            f"{_checks.shape_str(q.shape)}; the scale 1/sqrt(D) is undefined)")
+    return q, k, v
+
+
+def _pairwise(fname, name, x, lead, n, m, convert):
+    """A mask/bias of shape [N, M] or lead + [N, M], returned as [1 or prod(lead), N, M]."""
+    a = convert(fname, name, x)
+    if a.shape == (n, m):
+        return a.reshape(1, n, m)
+    if a.ndim == len(lead) + 2 and a.shape == tuple(lead) + (n, m):
+        return a.reshape(_prod(lead), n, m)
+    want = _checks.shape_str((n, m))
+    full = _checks.shape_str(tuple(lead) + (n, m))
+    expected = want if not lead else f"{want} or {full}"
+    raise ShapeError(f"{fname}: {name} must have shape {expected} "
+                     f"(got {_checks.shape_str(a.shape)})")
+
+
+def _attention(fname, q, k, v, mask, bias):
+    """Validated arrays in, (out, weights) out; raises on a bad kernel status."""
+    lead = q.shape[:-2]
+    n, d = q.shape[-2:]
+    m, f = v.shape[-2:]
+    b = _prod(lead)
+    mk = _NO_MASK
+    if mask is not None:
+        mk = _pairwise(fname, "mask", mask, lead, n, m, _checks.bool_array)
+    bs = _NO_BIAS
+    if bias is not None:
+        bs = _pairwise(fname, "bias", bias, lead, n, m,
+                       lambda fn, nm, x: _checks.tensor(fn, nm, x))
+    out = _checks.alloc(fname, lead + (n, f))
+    weights = _checks.alloc(fname, lead + (n, m))
+    if b * n == 0:
+        return out, weights
+    status, row = attention_forward(q.reshape(b, n, d), k.reshape(b, m, d), v.reshape(b, m, f),
+                                    mk, bs, out.reshape(b, n, f), weights.reshape(b, n, m))
+    if status != 0:
+        where = tuple(int(i) for i in np.unravel_index(int(row), tuple(lead) + (n,)))
+        if status == 1:
+            raise NumericOverflow(
+                f"{fname}: an attention score of query row {where} is not finite "
+                f"(q k^T / sqrt(D) + bias overflowed float64)")
+        raise NumericOverflow(
+            f"{fname}: the output of query row {where} is not finite "
+            f"(weights @ v overflowed float64)")
+    return out, weights
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, bias=None):
+    """Scaled dot-product attention with explicit mask and additive bias.
+
+    For every batch index and query row ``i``::
+
+        s[i, j]   = (q[i] . k[j]) / sqrt(D) + bias[i, j]          (allowed keys j only)
+        w[i, j]   = exp(s[i, j] - max_j s[i, j]) / sum_j exp(s[i, j] - max_j s[i, j])
+        out[i, f] = sum_j w[i, j] * v[j, f]
+
+    The softmax runs over the allowed keys only (``mask[i, j]`` True); masked keys get
+    weight exactly 0 and their scores are never evaluated.  A row without any allowed key
+    gives exact zeros in both ``out`` and ``weights`` (PyTorch would give NaN).
+
+    Parameters
+    ----------
+    q : array_like, shape ``[..., N, D]``, ``D >= 1``
+    k : array_like, shape ``[..., M, D]``
+    v : array_like, shape ``[..., M, F]``
+        The leading batch axes of ``q``, ``k`` and ``v`` must be identical.
+    mask : array_like of bool, shape ``[N, M]`` or ``[..., N, M]``, optional
+        True = allowed (integers 0/1 are accepted).  ``[N, M]`` applies to every batch
+        index.  None allows every key.
+    bias : array_like, shape ``[N, M]`` or ``[..., N, M]``, optional
+        Finite additive score bias (exclude keys with the mask, not with ``-inf``).
+
+    Returns
+    -------
+    out : ndarray, shape ``[..., N, F]``
+    weights : ndarray, shape ``[..., N, M]``
+        Each row sums to 1 (up to rounding), or is all zeros for a fully masked row.
+
+    Notes
+    -----
+    ``M == 0`` (no keys) makes every row fully masked: ``out`` is zeros.  ``N == 0`` gives
+    empty outputs.  Large finite scores (``1e300``) are fine thanks to the max
+    subtraction.  Each dot product is summed over the features in increasing order, the
+    softmax denominator and ``out`` over the keys in increasing order; ``exp`` is a
+    vectorised polynomial (at most 1 ulp from the correctly rounded value), so results are
+    bitwise identical for every thread count.
+
+    Raises
+    ------
+    ShapeError
+        ranks or shapes that do not fit (including ``D == 0``).
+    NonFiniteError
+        NaN/inf in ``q``, ``k``, ``v`` or ``bias``.
+    NumericOverflow
+        an allowed score is not finite (``q . k`` overflowed float64), or an output is not
+        finite.
+    TypeError, DomainError
+        a mask that is not boolean (or 0/1).
+    """
+    fname = "scaled_dot_product_attention"
+    q, k, v = _qkv(fname, q, k, v)
+    return _attention(fname, q, k, v, mask, bias)
+
+
+def _split_heads(a, h):
+    """[..., N, D] -> [prod(...) * h, N, D/h] (C-contiguous copy)."""
+    lead = a.shape[:-2]
+    n, d = a.shape[-2:]
+    b = _prod(lead)
+    return np.ascontiguousarray(
+        a.reshape(b, n, h, d // h).transpose(0, 2, 1, 3)).reshape(b * h, n, d // h)
+
+
+def multihead_attention(heads, q, k, v, mask=None):
+    """Multi-head attention without projections.
+
+    Head ``i`` (``0 <= i < heads``) is :func:`scaled_dot_product_attention` of the feature
+    columns ``[i*D/h, (i+1)*D/h)`` of ``q`` and ``k`` (so its scale is ``1/sqrt(D/h)``) and
+    ``[i*F/h, (i+1)*F/h)`` of ``v``, with the same ``mask`` for every head; the head outputs
+    are concatenated along the features in head order.  Compose :func:`dense` for the
+    input/output projections.
+
+    Parameters
+    ----------
+    heads : int, ``>= 1``, dividing both ``D`` and ``F``
+    q, k, v : array_like, shapes ``[..., N, D]``, ``[..., M, D]``, ``[..., M, F]``
+    mask : array_like of bool, ``[N, M]`` or ``[..., N, M]``, optional (True = allowed)
+
+    Returns
+    -------
+    ndarray, shape ``[..., N, F]``
+
+    Raises
+    ------
+    DomainError
+        ``heads < 1``, or ``heads`` does not divide ``D`` or ``F``.
+    ShapeError, NonFiniteError, NumericOverflow
+        as for :func:`scaled_dot_product_attention`.
+    """
+    fname = "multihead_attention"
+    h = _checks.integer(fname, "heads", heads, min=1)
+    q, k, v = _qkv(fname, q, k, v)
+    d = q.shape[-1]
+    f = v.shape[-1]
+    if d % h != 0:
+        raise DomainError(f"{fname}: heads must divide the q/k feature size D "
+                          f"(got heads {h}, D {d})")
+    if f % h != 0:
+        raise DomainError(f"{fname}: heads must divide the v feature size F "
+                          f"(got heads {h}, F {f})")
+    lead = q.shape[:-2]
+    n = q.shape[-2]
+    m = k.shape[-2]
+    b = _prod(lead)
+    mk = _NO_MASK
+    if mask is not None:
+        # [1 or B, N, M]; batch b*h + head uses mask index (b*h + head) // (B*h / Bm)
+        mk = _pairwise(fname, "mask", mask, lead, n, m, _checks.bool_array)
+    out = _checks.alloc(fname, lead + (n, f))
+    if b * n == 0:
+        return out
+    qs = _split_heads(q, h)
+    ks = _split_heads(k, h)
+    vs = _split_heads(v, h)
+    outs = _checks.alloc(fname, (b * h, n, f // h))
+    weights = _checks.alloc(fname, (b * h, n, m))
+    status, row = attention_forward(qs, ks, vs, mk, _NO_BIAS, outs, weights)
+    if status != 0:
+        bh, i = divmod(int(row), n)
+        bi, head = divmod(bh, h)
+        where = tuple(int(x) for x in np.unravel_index(bi, lead)) + (i,) if lead else (i,)
+        what = "an attention score" if status == 1 else "the output"
+        raise NumericOverflow(f"{fname}: {what} of head {head}, query row {where} is not "
+                              f"finite (float64 overflow)")
+    out[...] = outs.reshape(lead + (h, n, f // h)).swapaxes(-3, -2).reshape(lead + (n, f))
+    return out
+
+
+def causal_mask(queries, keys, offset):
+    """Causal attention mask ``allowed[i, j] = j <= i + offset``.
+
+    Parameters
+    ----------
+    queries, keys : int, ``>= 0``
+        Numbers of query rows and key columns.
+    offset : int, ``>= 0``
+        Number of cached positions before the first query (query ``i`` sits at position
+        ``offset + i`` and may see keys ``0 .. offset + i``).
+
+    Returns
+    -------
+    ndarray of bool, shape ``[queries, keys]``
+
+    Raises
+    ------
+    DomainError
+        a negative argument.  TypeError: a non-integer argument.
+    """
+    fname = "causal_mask"
+    nq = _checks.integer(fname, "queries", queries, min=0)
+    nk = _checks.integer(fname, "keys", keys, min=0)
+    off = _checks.integer(fname, "offset", offset, min=0)
+    out = _checks.alloc(fname, (nq, nk), np.bool_)
+    off = min(off, nk)  # larger offsets allow every key, same as nk
+    np.less_equal(np.arange(nk, dtype=np.int64)[None, :],
+                  np.arange(nq, dtype=np.int64)[:, None] + off, out=out)
+    return out
+
+
+def rotary_embedding(base, offset, x):
+    """Rotary position embedding (RoPE) of adjacent feature pairs.
+
+    Row ``r`` of ``x [..., S, F]`` is position ``pos = offset + r``; feature pair
+    ``(2i, 2i+1)`` is rotated by the angle ``pos * base ** (-2i / F)``::
+
+        y[..., r, 2i]   = x0 * cos(angle) - x1 * sin(angle)
+        y[..., r, 2i+1] = x0 * sin(angle) + x1 * cos(angle)
+
+    with ``x0 = x[..., r, 2i]``, ``x1 = x[..., r, 2i+1]``.
+
+    Parameters
+    ----------
+    base : float, finite, ``> 0`` (10000.0 is customary)
+    offset : int, ``>= 0``
+    x : array_like, shape ``[..., S, F]``, at least 2 axes, ``F`` even
+
+    Returns
+    -------
+    ndarray, shape of ``x``
+
+    Raises
+    ------
+    ShapeError
+        ``x`` has fewer than 2 axes, or an odd feature size ``F``.
+    DomainError
+        ``base`` not finite and positive, ``offset < 0``, or ``offset + S > 2**53``.
+    NonFiniteError
+        NaN/inf in ``x``.
+    NumericOverflow
+        a rotated value is not finite (inputs near the float64 limit).
+    """
+    fname = "rotary_embedding"
+    b = _checks.real(fname, "base", base, positive=True)
+    off = _checks.integer(fname, "offset", offset, min=0)
+    xa = _checks.tensor(fname, "x", x, min_ndim=2)
+    s, f = xa.shape[-2:]
+    if f % 2 != 0:
+        raise ShapeError(f"{fname}: x must have an even number of features F "
+                         f"(got shape {_checks.shape_str(xa.shape)})")
+    if off + s > _MAX_POSITION:
+        raise DomainError(f"{fname}: offset + sequence length must be <= 2**53 "
+                          f"(got offset {off}, S {s})")
+    out = _checks.alloc(fname, xa.shape)
+    if out.size == 0:
+        return out
+    r = _prod(xa.shape[:-2])
+    bad = rotary_forward(xa.reshape(r, s, f), b, np.int64(off), out.reshape(r, s, f))
+    if bad >= 0:
+        where = tuple(int(i) for i in np.unravel_index(int(bad), xa.shape))
+        raise NumericOverflow(f"{fname}: the rotated value at index {where} is not finite "
+                              f"(float64 overflow)")
+    return out
+
+
+def sinusoidal_encoding(positions, features, offset):
+    """Sinusoidal positional encoding with base 10000.
+
+    ``pe[p, 2i] = sin(pos / 10000 ** (2i / F))`` and ``pe[p, 2i+1] = cos(pos / 10000 **
+    (2i / F))`` with ``pos = offset + p`` and ``F = features``; for odd ``F`` the last
+    column is a sine.
+
+    Parameters
+    ----------
+    positions : int, ``>= 0``
+    features : int, ``>= 0``
+    offset : int, ``>= 0``, with ``offset + positions <= 2**53``
+
+    Returns
+    -------
+    ndarray, shape ``[positions, features]``
+
+    Raises
+    ------
+    DomainError
+        a negative argument or positions beyond ``2**53``.  TypeError: non-integers.
+    """
+    fname = "sinusoidal_encoding"
+    n = _checks.integer(fname, "positions", positions, min=0)
+    f = _checks.integer(fname, "features", features, min=0)
+    off = _checks.integer(fname, "offset", offset, min=0)
+    if off + n > _MAX_POSITION:
+        raise DomainError(f"{fname}: offset + positions must be <= 2**53 "
+                          f"(got offset {off}, positions {n})")
+    out = _checks.alloc(fname, (n, f))
+    if out.size == 0:
+        return out
+    pos = (np.arange(n, dtype=np.int64) + off).astype(np.float64)
+    two_i = (np.arange(f, dtype=np.int64) // 2 * 2).astype(np.float64)
+    denom = np.power(10000.0, two_i / float(f))
+    angle = pos[:, None] / denom[None, :]
+    np.sin(angle[:, 0::2], out=out[:, 0::2])
+    np.cos(angle[:, 1::2], out=out[:, 1::2])
+    return out
+
+
+def alibi_bias(slope, queries, keys, offset):
+    """ALiBi attention bias ``bias[i, j] = -slope * |(i + offset) - j|``.
+
+    Non-positive everywhere (the diagonal ``j == i + offset`` is ``+0.0``).  Combine with
+    :func:`causal_mask` when keys after the query must be excluded.
+
+    Parameters
+    ----------
+    slope : float, finite, ``> 0``
+    queries, keys : int, ``>= 0``
+    offset : int, ``>= 0`` (position of query 0), with ``offset + queries <= 2**53``
+
+    Returns
+    -------
+    ndarray, shape ``[queries, keys]``
+
+    Raises
+    ------
+    DomainError
+        ``slope`` not finite and positive, or a negative count/offset.
+    NumericOverflow
+        ``slope * distance`` overflows float64.
+    """
+    fname = "alibi_bias"
+    sl = _checks.real(fname, "slope", slope, positive=True)
+    nq = _checks.integer(fname, "queries", queries, min=0)
+    nk = _checks.integer(fname, "keys", keys, min=0)
+    off = _checks.integer(fname, "offset", offset, min=0)
+    if off + nq > _MAX_POSITION or nk > _MAX_POSITION:
+        raise DomainError(f"{fname}: positions must be <= 2**53 "
+                          f"(got offset {off}, queries {nq}, keys {nk})")
+    out = _checks.alloc(fname, (nq, nk))
+    if out.size == 0:
+        return out
+    dist = np.abs((np.arange(nq, dtype=np.int64) + off)[:, None]
+                  - np.arange(nk, dtype=np.int64)[None, :]).astype(np.float64)
+    np.multiply(dist, -sl, out=out)
+    out += 0.0  # -0.0 on the diagonal becomes +0.0
+    if not _checks.is_finite(out):
+        raise NumericOverflow(f"{fname}: slope * distance overflows float64 "
+                              f"(got slope {sl!r}, largest distance {dist.max():.0f})")
+    return out
