@@ -10,3 +10,7 @@ from .embedding import embedding
 from .differentiable import (batch_norm_ad, convolution_ad, dense_ad, dropout_ad, embedding_ad,
                              layer_norm_ad, multihead_attention_ad, pooling_ad, rms_norm_ad,
                              scaled_dot_product_attention_ad, transposed_convolution_ad)
+from .attention import (alibi_bias, causal_mask, multihead_attention, rotary_embedding,
+                        scaled_dot_product_attention, sinusoidal_encoding)
+from .kv_cache import KVCache, append_cache, cache_values, empty_cache
+from .feed_forward import transformer_feed_forward
