@@ -14,3 +14,5 @@ from .attention import (alibi_bias, causal_mask, multihead_attention, rotary_emb
                         scaled_dot_product_attention, sinusoidal_encoding)
 from .kv_cache import KVCache, append_cache, cache_values, empty_cache
 from .feed_forward import transformer_feed_forward
+from .convolution import ConvOptions, convolution, depthwise_convolution, transposed_convolution
+from .pooling import PoolMode, adaptive_pooling, global_pooling, pooling

@@ -1,0 +1,472 @@
+"""Convolution kernels: direct summation on 3 spatial axes (1-D and 2-D inputs are viewed
+with unit leading spatial axes), grouped, strided, dilated; and its adjoint (transposed
+convolution) and the weight gradient.
+
+Layout: ``x [N, Cin, D, H, W]``, forward weights ``[Cout, Cin/groups, KD, KH, KW]``,
+transposed weights ``[Cin, Cout/groups, KD, KH, KW]``; every array C-contiguous float64.
+
+Kernel-level entry points (plain Python, no validation; the arrays must already be
+C-contiguous float64 of rank 3-5 with consistent shapes, the tuples one int per spatial
+axis; they are meant for the facades in ``hmath_dl.layers.convolution`` and for the
+autodiff rules):
+
+* :func:`conv_nd` - forward cross-correlation,
+* :func:`conv_transpose_nd` - transposed convolution (= gradient of :func:`conv_nd` with
+  respect to its input: ``conv_transpose_nd(gy, w, None, s, p, d, op, g)`` with
+  ``op = S - ((O-1)s - 2p + d(K-1) + 1)`` per axis gives ``dL/dx`` of shape ``x.shape``),
+* :func:`conv_weight_grad_nd` - gradient of :func:`conv_nd` with respect to its weights.
+
+Determinism: every ``prange`` iteration owns a disjoint block of outputs (one batch item,
+one group, up to ``_CB`` output channels, one segment of output positions) and sums its
+terms in a fixed order (input channel, kd, kh, kw; one fused multiply-add per term), so the
+bits never depend on the thread count.  No BLAS is used.
+"""
+
+import llvmlite.ir as llvm_ir
+import numpy as np
+from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from ._jit import helper, kernel
+
+_CB = 4      # output channels computed together (one x load feeds _CB accumulators)
+_SEG = 1024   # output positions per accumulator segment (_CB x _SEG accumulators: 32 KiB)
+
+
+# --------------------------------------------------------------------------- helpers
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` with one rounding (IEEE fusedMultiplyAdd, ``llvm.fma.f64``).
+
+    An explicit, exactly specified operation (not ``fastmath`` contraction, which would
+    let the compiler decide): the same bits on every thread, and it vectorises to
+    ``vfmadd``.  Only for float64 arguments."""
+    if not all(isinstance(t, types.Float) and t.bitwidth == 64 for t in (a, b, c)):
+        return None
+    sig = types.float64(types.float64, types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        dbl = llvm_ir.DoubleType()
+        fnty = llvm_ir.FunctionType(dbl, [dbl, dbl, dbl])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.f64")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@helper
+def _taps_4(acc, ln, xr, xb, dw, w0, w1, w2, w3, taps):
+    """acc[j, i] += sum_t w_j[t] * xr[xb + t*dw + i] for four channels, unit stride.
+
+    (Views + loop index only: a computed index ``xb + i`` makes numba's wraparound check
+    turn the loads into gathers.)"""
+    r0 = acc[0]
+    r1 = acc[1]
+    r2 = acc[2]
+    r3 = acc[3]
+    y0 = xr[xb:]
+    if taps == 3:
+        a0, b0, c0 = w0[0], w0[1], w0[2]
+        a1, b1, c1 = w1[0], w1[1], w1[2]
+        a2, b2, c2 = w2[0], w2[1], w2[2]
+        a3, b3, c3 = w3[0], w3[1], w3[2]
+        y1 = xr[xb + dw:]
+        y2 = xr[xb + 2 * dw:]
+        for i in range(ln):
+            x0 = y0[i]
+            x1 = y1[i]
+            x2 = y2[i]
+            r0[i] = _fma(c0, x2, _fma(b0, x1, _fma(a0, x0, r0[i])))
+            r1[i] = _fma(c1, x2, _fma(b1, x1, _fma(a1, x0, r1[i])))
+            r2[i] = _fma(c2, x2, _fma(b2, x1, _fma(a2, x0, r2[i])))
+            r3[i] = _fma(c3, x2, _fma(b3, x1, _fma(a3, x0, r3[i])))
+    elif taps == 2:
+        a0, b0 = w0[0], w0[1]
+        a1, b1 = w1[0], w1[1]
+        a2, b2 = w2[0], w2[1]
+        a3, b3 = w3[0], w3[1]
+        y1 = xr[xb + dw:]
+        for i in range(ln):
+            x0 = y0[i]
+            x1 = y1[i]
+            r0[i] = _fma(b0, x1, _fma(a0, x0, r0[i]))
+            r1[i] = _fma(b1, x1, _fma(a1, x0, r1[i]))
+            r2[i] = _fma(b2, x1, _fma(a2, x0, r2[i]))
+            r3[i] = _fma(b3, x1, _fma(a3, x0, r3[i]))
+    else:
+        a0 = w0[0]
+        a1 = w1[0]
+        a2 = w2[0]
+        a3 = w3[0]
+        for i in range(ln):
+            x0 = y0[i]
+            r0[i] = _fma(a0, x0, r0[i])
+            r1[i] = _fma(a1, x0, r1[i])
+            r2[i] = _fma(a2, x0, r2[i])
+            r3[i] = _fma(a3, x0, r3[i])
+
+
+@helper
+def _taps_1(acc, j, ln, xr, xb, sw, dw, wv, taps):
+    """acc[j, i] += sum_t wv[t] * xr[xb + t*dw + i*sw] for one channel."""
+    r = acc[j]
+    y0 = xr[xb:]
+    if sw == 1:
+        if taps == 3:
+            a, b, c = wv[0], wv[1], wv[2]
+            y1 = xr[xb + dw:]
+            y2 = xr[xb + 2 * dw:]
+            for i in range(ln):
+                r[i] = _fma(c, y2[i], _fma(b, y1[i], _fma(a, y0[i], r[i])))
+        elif taps == 2:
+            a, b = wv[0], wv[1]
+            y1 = xr[xb + dw:]
+            for i in range(ln):
+                r[i] = _fma(b, y1[i], _fma(a, y0[i], r[i]))
+        else:
+            a = wv[0]
+            for i in range(ln):
+                r[i] = _fma(a, y0[i], r[i])
+    else:
+        z0 = y0[::sw]
+        if taps == 3:
+            a, b, c = wv[0], wv[1], wv[2]
+            z1 = xr[xb + dw::sw]
+            z2 = xr[xb + 2 * dw::sw]
+            for i in range(ln):
+                r[i] = _fma(c, z2[i], _fma(b, z1[i], _fma(a, z0[i], r[i])))
+        elif taps == 2:
+            a, b = wv[0], wv[1]
+            z1 = xr[xb + dw::sw]
+            for i in range(ln):
+                r[i] = _fma(b, z1[i], _fma(a, z0[i], r[i]))
+        else:
+            a = wv[0]
+            for i in range(ln):
+                r[i] = _fma(a, z0[i], r[i])
+
+
+@kernel
+def pad_input(x, pd, ph, pw, out):
+    """out[n, c] = x[n, c] surrounded by (pd, ph, pw) zeros per side (out preallocated)."""
+    N, C, D, H, W = x.shape
+    Dp, Hp, Wp = out.shape[2], out.shape[3], out.shape[4]
+    for t in prange(N * C):
+        n = t // C
+        c = t % C
+        for d in range(Dp):
+            for h in range(Hp):
+                for w in range(Wp):
+                    out[n, c, d, h, w] = 0.0
+        for d in range(D):
+            for h in range(H):
+                for w in range(W):
+                    out[n, c, d + pd, h + ph, w + pw] = x[n, c, d, h, w]
+
+
+@kernel
+def conv_forward(xp, w, bias, has_bias, groups, sd, sh, sw, dd, dh, dw, out):
+    """Direct grouped cross-correlation of the zero-padded input ``xp [N, Cin, Dp, Hp, Wp]``
+    with ``w [Cout, Cin/groups, KD, KH, KW]`` into ``out [N, Cout, OD, OH, OW]``:
+
+    ``out[n, co, o] = bias[co] + sum_{ci in group(co), k} w[co, ci', k] * xp[n, ci, o*s + k*d]``
+
+    The sum runs over (ci', kd, kh, kw) in that order, one fused multiply-add per term.
+    When every stride is 1 the output positions are walked on the padded grid (rows of
+    width Wp, planes of Hp*Wp: the "wide" layout; positions past OW/OH are computed and
+    dropped), so the innermost loop is long, contiguous and vectorised; otherwise one
+    output row (OW positions, stride ``sw`` in x) is one segment.
+    """
+    N, Cin, Dp, Hp, Wp = xp.shape
+    Cout, Cg, KD, KH, KW = w.shape
+    OD, OH, OW = out.shape[2], out.shape[3], out.shape[4]
+    HWp = Hp * Wp
+    xf = xp.reshape((N, Cin, Dp * HWp))
+    Cog = Cout // groups
+    nblk = (Cog + _CB - 1) // _CB
+    fast = sd == 1 and sh == 1 and sw == 1
+    if fast:
+        total = (OD - 1) * HWp + (OH - 1) * Wp + OW
+        seglen = min(_SEG, total)
+        nseg = (total + seglen - 1) // seglen
+    else:
+        total = OW
+        seglen = OW
+        nseg = OD * OH
+    niter = N * groups * nblk * nseg
+    for t in prange(niter):
+        seg = t % nseg
+        r = t // nseg
+        b = r % nblk
+        r = r // nblk
+        g = r % groups
+        n = r // groups
+        co0 = g * Cog + b * _CB
+        nb = min(_CB, Cog - b * _CB)
+        if fast:
+            p0 = seg * seglen
+            ln = min(seglen, total - p0)
+            xb0 = p0
+        else:
+            od = seg // OH
+            oh = seg % OH
+            p0 = 0
+            ln = OW
+            xb0 = od * sd * HWp + oh * sh * Wp
+        acc = np.zeros((_CB, seglen))
+        for cl in range(Cg):
+            xr = xf[n, g * Cg + cl]
+            for kd in range(KD):
+                for kh in range(KH):
+                    kw = 0
+                    while kw < KW:
+                        taps = min(3, KW - kw)
+                        xb = xb0 + kd * dd * HWp + kh * dh * Wp + kw * dw
+                        if nb == _CB and sw == 1:
+                            _taps_4(acc, ln, xr, xb, dw,
+                                    w[co0, cl, kd, kh, kw:kw + taps],
+                                    w[co0 + 1, cl, kd, kh, kw:kw + taps],
+                                    w[co0 + 2, cl, kd, kh, kw:kw + taps],
+                                    w[co0 + 3, cl, kd, kh, kw:kw + taps], taps)
+                        else:
+                            for j in range(nb):
+                                _taps_1(acc, j, ln, xr, xb, sw, dw,
+                                        w[co0 + j, cl, kd, kh, kw:kw + taps], taps)
+                        kw += taps
+        for j in range(nb):
+            co = co0 + j
+            bv = bias[co] if has_bias else 0.0
+            if fast:
+                for i in range(ln):
+                    p = p0 + i
+                    od = p // HWp
+                    rem = p - od * HWp
+                    oh = rem // Wp
+                    ow = rem - oh * Wp
+                    if oh < OH and ow < OW:
+                        if has_bias:
+                            out[n, co, od, oh, ow] = acc[j, i] + bv
+                        else:
+                            out[n, co, od, oh, ow] = acc[j, i]
+            else:
+                od = seg // OH
+                oh = seg % OH
+                for i in range(ln):
+                    if has_bias:
+                        out[n, co, od, oh, i] = acc[j, i] + bv
+                    else:
+                        out[n, co, od, oh, i] = acc[j, i]
+
+
+@kernel
+def conv_transpose(x, w, bias, has_bias, groups, sd, sh, sw, dd, dh, dw, pd, ph, pw, out):
+    """Transposed convolution of ``x [N, Cin, D, H, W]`` with ``w [Cin, Cout/groups, KD,
+    KH, KW]`` into ``out [N, Cout, OD, OH, OW]`` (the adjoint of :func:`conv_forward`):
+
+    ``full[n, co, i*s + k*d] += w[ci, co', k] * x[n, ci, i]`` over ci in group(co), k, i;
+    ``out[n, co, o] = bias[co] + full[n, co, o + p]``.
+
+    ``full`` is kept in polyphase order (per axis, position f = q*s + r is stored at phase
+    r, index q), so every tap is a contiguous shift-add over an input row.  Terms are added
+    in the fixed order (ci', kd, kh, kw, id, ih, iw).
+    """
+    N, Cin, D, H, W = x.shape
+    Cog = w.shape[1]
+    KD, KH, KW = w.shape[2], w.shape[3], w.shape[4]
+    Cout, OD, OH, OW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
+    Cig = Cin // groups
+    # extent of the uncropped output per axis (covers o + p for every output o)
+    ED = max((D - 1) * sd + dd * (KD - 1) + 1, OD + pd)
+    EH = max((H - 1) * sh + dh * (KH - 1) + 1, OH + ph)
+    EW = max((W - 1) * sw + dw * (KW - 1) + 1, OW + pw)
+    QD = (ED - 1) // sd + 1
+    QH = (EH - 1) // sh + 1
+    QW = (EW - 1) // sw + 1
+    QV = QD * QH * QW
+    nphase = sd * sh * sw
+    nblk = (Cog + _CB - 1) // _CB
+    niter = N * groups * nblk
+    for t in prange(niter):
+        b = t % nblk
+        r = t // nblk
+        g = r % groups
+        n = r // groups
+        co0 = b * _CB          # within the group
+        nb = min(_CB, Cog - co0)
+        acc = np.zeros((_CB, nphase * QV))
+        for cl in range(Cig):
+            ci = g * Cig + cl
+            for kd in range(KD):
+                rd = (kd * dd) % sd
+                md = (kd * dd) // sd
+                for kh in range(KH):
+                    rh = (kh * dh) % sh
+                    mh = (kh * dh) // sh
+                    for kw in range(KW):
+                        rw = (kw * dw) % sw
+                        mw = (kw * dw) // sw
+                        phase = ((rd * sh) + rh) * sw + rw
+                        for i_d in range(D):
+                            for i_h in range(H):
+                                base = phase * QV + ((i_d + md) * QH + i_h + mh) * QW + mw
+                                xrow = x[n, ci, i_d, i_h]
+                                for j in range(nb):
+                                    wv = w[ci, co0 + j, kd, kh, kw]
+                                    arow = acc[j, base:base + W]
+                                    for i_w in range(W):
+                                        arow[i_w] = _fma(wv, xrow[i_w], arow[i_w])
+        for j in range(nb):
+            co = g * Cog + co0 + j
+            bv = bias[co] if has_bias else 0.0
+            for od in range(OD):
+                fd = od + pd
+                qd = fd // sd
+                rd = fd - qd * sd
+                for oh in range(OH):
+                    fh = oh + ph
+                    qh = fh // sh
+                    rh = fh - qh * sh
+                    for ow in range(OW):
+                        fw = ow + pw
+                        qw = fw // sw
+                        rw = fw - qw * sw
+                        v = acc[j, (((rd * sh) + rh) * sw + rw) * QV + (qd * QH + qh) * QW + qw]
+                        if has_bias:
+                            out[n, co, od, oh, ow] = v + bv
+                        else:
+                            out[n, co, od, oh, ow] = v
+
+
+@kernel
+def conv_weight_grad(xp, gy, groups, sd, sh, sw, dd, dh, dw, out):
+    """Gradient of :func:`conv_forward` with respect to its weights:
+
+    ``out[co, ci', k] = sum_{n, o} gy[n, co, o] * xp[n, ci, o*s + k*d]``
+
+    with ``xp`` the zero-padded input, ``gy [N, Cout, OD, OH, OW]`` and ``out [Cout,
+    Cin/groups, KD, KH, KW]``.  Parallel over (co, ci'); each sum runs in the fixed order
+    (n, od, oh, ow).
+    """
+    N, Cin = xp.shape[0], xp.shape[1]
+    Cout, OD, OH, OW = gy.shape[1], gy.shape[2], gy.shape[3], gy.shape[4]
+    Cg, KD, KH, KW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
+    Cog = Cout // groups
+    for t in prange(Cout * Cg):
+        co = t // Cg
+        cl = t % Cg
+        ci = (co // Cog) * Cg + cl
+        for kd in range(KD):
+            for kh in range(KH):
+                for kw in range(KW):
+                    s = 0.0
+                    for n in range(N):
+                        for od in range(OD):
+                            for oh in range(OH):
+                                xrow = xp[n, ci, od * sd + kd * dd, oh * sh + kh * dh]
+                                grow = gy[n, co, od, oh]
+                                base = kw * dw
+                                for ow in range(OW):
+                                    s = _fma(grow[ow], xrow[base + ow * sw], s)
+                    out[co, cl, kd, kh, kw] = s
+
+
+# --------------------------------------------------------------------------- entry points
+def _as5(a):
+    """View a rank 3-5 array as rank 5 by inserting unit spatial axes after N, C."""
+    extra = 5 - a.ndim
+    return a.reshape(a.shape[:2] + (1,) * extra + a.shape[2:])
+
+
+def _pad3(t, fill):
+    t = tuple(int(v) for v in t)
+    return (fill,) * (3 - len(t)) + t
+
+
+def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None):
+    """Forward convolution on validated arrays (see module docstring).
+
+    ``x [N, Cin, *S]``, ``w [Cout, Cin/groups, *K]``, ``bias`` a float64 vector of length
+    Cout or None; ``stride``/``padding``/``dilation`` tuples with one int per spatial axis.
+    ``out`` (optional) a preallocated C-contiguous float64 array of the output shape.
+    Returns the output (non-finite values are NOT checked here).
+    """
+    r = x.ndim - 2
+    s = _pad3(stride, 1)
+    p = _pad3(padding, 0)
+    d = _pad3(dilation, 1)
+    x5 = _as5(x)
+    w5 = _as5(w)
+    N, Cin = x5.shape[:2]
+    S = x5.shape[2:]
+    K = w5.shape[2:]
+    O = tuple((S[a] + 2 * p[a] - d[a] * (K[a] - 1) - 1) // s[a] + 1 for a in range(3))
+    shape = (N, w.shape[0]) + O[3 - r:]
+    if out is None:
+        out = np.empty(shape, dtype=np.float64)
+    if any(p):
+        xp = np.empty((N, Cin) + tuple(S[a] + 2 * p[a] for a in range(3)), dtype=np.float64)
+        if xp.size:
+            pad_input(x5, p[0], p[1], p[2], xp)
+    else:
+        xp = x5
+    b = bias if bias is not None else np.zeros(1, dtype=np.float64)
+    if out.size:
+        conv_forward(xp, w5, b, bias is not None, int(groups), s[0], s[1], s[2],
+                     d[0], d[1], d[2], _as5(out))
+    return out
+
+
+def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, groups, out=None):
+    """Transposed convolution on validated arrays (see module docstring).
+
+    ``x [N, Cin, *S]``, ``w [Cin, Cout/groups, *K]``; output size per axis
+    ``(S-1)s - 2p + d(K-1) + output_padding + 1``.
+    """
+    r = x.ndim - 2
+    s = _pad3(stride, 1)
+    p = _pad3(padding, 0)
+    d = _pad3(dilation, 1)
+    op = _pad3(output_padding, 0)
+    x5 = _as5(x)
+    w5 = _as5(w)
+    N = x5.shape[0]
+    S = x5.shape[2:]
+    K = w5.shape[2:]
+    O = tuple((S[a] - 1) * s[a] - 2 * p[a] + d[a] * (K[a] - 1) + op[a] + 1 for a in range(3))
+    shape = (N, w.shape[1] * int(groups)) + O[3 - r:]
+    if out is None:
+        out = np.empty(shape, dtype=np.float64)
+    b = bias if bias is not None else np.zeros(1, dtype=np.float64)
+    if out.size:
+        conv_transpose(x5, w5, b, bias is not None, int(groups), s[0], s[1], s[2],
+                       d[0], d[1], d[2], p[0], p[1], p[2], _as5(out))
+    return out
+
+
+def conv_weight_grad_nd(x, gy, kernel_shape, stride, padding, dilation, groups, out=None):
+    """Gradient of ``conv_nd(x, w, ...)`` with respect to ``w`` given the output cotangent
+    ``gy`` (validated arrays); ``kernel_shape`` the spatial shape of ``w``.  Returns
+    ``[Cout, Cin/groups, *K]``."""
+    r = x.ndim - 2
+    s = _pad3(stride, 1)
+    p = _pad3(padding, 0)
+    d = _pad3(dilation, 1)
+    x5 = _as5(x)
+    N, Cin = x5.shape[:2]
+    S = x5.shape[2:]
+    K = _pad3(kernel_shape, 1)
+    Cout = gy.shape[1]
+    shape = (Cout, Cin // int(groups)) + K[3 - r:]
+    if out is None:
+        out = np.empty(shape, dtype=np.float64)
+    if any(p):
+        xp = np.empty((N, Cin) + tuple(S[a] + 2 * p[a] for a in range(3)), dtype=np.float64)
+        if xp.size:
+            pad_input(x5, p[0], p[1], p[2], xp)
+    else:
+        xp = x5
+    if out.size:
+        conv_weight_grad(xp, _as5(gy), int(groups), s[0], s[1], s[2], d[0], d[1], d[2],
+                         out.reshape((Cout, Cin // int(groups)) + K))
+    return out

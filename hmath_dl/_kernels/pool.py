@@ -1,0 +1,179 @@
+"""Pooling kernels on 3 spatial axes (1-D and 2-D inputs are viewed with unit leading
+spatial axes).
+
+Every pooling flavour (windowed with stride and padding, adaptive, global) is described
+the same way: per spatial axis, output index ``i`` reduces the input range
+``[lo[i], hi[i])`` (already clipped to the input, so padding never takes part; the
+facade guarantees ``lo[i] < hi[i]``).  The window of output ``(od, oh, ow)`` is the box
+``[lo_d[od], hi_d[od]) x [lo_h[oh], hi_h[oh]) x [lo_w[ow], hi_w[ow])``.
+
+* :func:`pool_boxes` - max or average (sum / number of elements in the box), computed
+  separably: along W, then H, then D.  For max this is exactly the box maximum; for the
+  average the sum is formed in the fixed order (w, then h, then d) and divided once by
+  the element count.
+* :func:`max_pool_argmax` - box maximum together with the flat index ``d*H*W + h*W + w``
+  (within the input's spatial volume of that (n, c)) of its winner: the FIRST maximum in
+  window order (d, then h, then w, ascending).  Meant for the max-pooling backward pass
+  (scatter the cotangent to that index).
+
+Parallel over (n, c) planes; each plane is reduced in a fixed order, so the bits never
+depend on the thread count.
+"""
+
+import numpy as np
+from numba import prange
+
+from ._jit import helper, kernel
+
+
+@helper
+def _reduce_rows(src, lo, hi, is_max, dst):
+    """dst[r, i] = reduce(src[r, lo[i]:hi[i]]) for every row r (2-D arrays)."""
+    R = src.shape[0]
+    O = dst.shape[1]
+    for r in range(R):
+        s = src[r]
+        d = dst[r]
+        for i in range(O):
+            a = lo[i]
+            b = hi[i]
+            v = s[a]
+            if is_max:
+                for k in range(a + 1, b):
+                    u = s[k]
+                    if u > v:
+                        v = u
+            else:
+                for k in range(a + 1, b):
+                    v += s[k]
+            d[i] = v
+
+
+@helper
+def _reduce_cols(src, lo, hi, is_max, dst):
+    """dst[b, i, :] = reduce(src[b, lo[i]:hi[i], :]) along axis 1 (3-D arrays),
+    vectorised along the contiguous last axis."""
+    B = src.shape[0]
+    O = dst.shape[1]
+    L = dst.shape[2]
+    for bb in range(B):
+        for i in range(O):
+            d = dst[bb, i]
+            first = src[bb, lo[i]]
+            for k in range(L):
+                d[k] = first[k]
+            for r in range(lo[i] + 1, hi[i]):
+                s = src[bb, r]
+                if is_max:
+                    for k in range(L):
+                        u = s[k]
+                        if u > d[k]:
+                            d[k] = u
+                else:
+                    for k in range(L):
+                        d[k] += s[k]
+
+
+@kernel
+def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max, out):
+    """Max or average of every window box of ``x [N, C, D, H, W]`` into
+    ``out [N, C, OD, OH, OW]`` (see module docstring)."""
+    N, C, D, H, W = x.shape
+    OD, OH, OW = out.shape[2], out.shape[3], out.shape[4]
+    for t in prange(N * C):
+        n = t // C
+        c = t % C
+        t1 = np.empty((D * H, OW))
+        _reduce_rows(x[n, c].reshape((D * H, W)), lo_w, hi_w, is_max, t1)
+        t2 = np.empty((D, OH, OW))
+        _reduce_cols(t1.reshape((D, H, OW)), lo_h, hi_h, is_max, t2)
+        o = out[n, c]
+        _reduce_cols(t2.reshape((1, D, OH * OW)), lo_d, hi_d, is_max,
+                     o.reshape((1, OD, OH * OW)))
+        if not is_max:
+            for od in range(OD):
+                cd = hi_d[od] - lo_d[od]
+                for oh in range(OH):
+                    ch = cd * (hi_h[oh] - lo_h[oh])
+                    row = o[od, oh]
+                    for ow in range(OW):
+                        row[ow] = row[ow] / (ch * (hi_w[ow] - lo_w[ow]))
+
+
+@kernel
+def max_pool_argmax(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, out, idx):
+    """Box maximum into ``out [N, C, OD, OH, OW]`` and the flat spatial index of the first
+    maximum in window order into ``idx`` (int64, same shape): see module docstring."""
+    N, C, D, H, W = x.shape
+    OD, OH, OW = out.shape[2], out.shape[3], out.shape[4]
+    for t in prange(N * C):
+        n = t // C
+        c = t % C
+        p = x[n, c]
+        for od in range(OD):
+            for oh in range(OH):
+                for ow in range(OW):
+                    bd = lo_d[od]
+                    bh = lo_h[oh]
+                    bw = lo_w[ow]
+                    best = p[bd, bh, bw]
+                    for d in range(lo_d[od], hi_d[od]):
+                        for h in range(lo_h[oh], hi_h[oh]):
+                            for w in range(lo_w[ow], hi_w[ow]):
+                                v = p[d, h, w]
+                                if v > best:
+                                    best = v
+                                    bd = d
+                                    bh = h
+                                    bw = w
+                    out[n, c, od, oh, ow] = best
+                    idx[n, c, od, oh, ow] = (bd * H + bh) * W + bw
+
+
+# --------------------------------------------------------------------------- entry points
+def _as5(a):
+    extra = 5 - a.ndim
+    return a.reshape(a.shape[:2] + (1,) * extra + a.shape[2:])
+
+
+def _bounds3(bounds):
+    """Per-axis (lo, hi) int64 arrays, padded to 3 axes with the unit box [0, 1)."""
+    one = (np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64))
+    full = [one] * (3 - len(bounds)) + [
+        (np.ascontiguousarray(lo, dtype=np.int64), np.ascontiguousarray(hi, dtype=np.int64))
+        for lo, hi in bounds]
+    return [a for pair in full for a in pair]
+
+
+def pool_nd(x, bounds, is_max, out):
+    """Validated entry point: ``x [N, C, *S]`` (C-contiguous float64), ``bounds`` one
+    ``(lo, hi)`` pair of int64 arrays per spatial axis (nonempty, clipped ranges), ``out``
+    preallocated ``[N, C, *O]``.  Fills and returns ``out``."""
+    if out.size:
+        pool_boxes(_as5(x), *_bounds3(bounds), bool(is_max), _as5(out))
+    return out
+
+
+def max_pool_argmax_nd(x, bounds, out, idx):
+    """Like :func:`pool_nd` for max, also filling ``idx`` (int64, shape of ``out``) with the
+    flat spatial index of each window's first maximum (window order d, h, w)."""
+    if out.size:
+        max_pool_argmax(_as5(x), *_bounds3(bounds), _as5(out), _as5(idx))
+    return out, idx
+
+
+def window_bounds(size, window, stride, padding, count):
+    """(lo, hi) of ``count`` windows along an axis of length ``size``: window ``i`` covers
+    ``[i*stride - padding, i*stride - padding + window)`` clipped to ``[0, size)``."""
+    start = np.arange(count, dtype=np.int64) * stride - padding
+    lo = np.maximum(start, 0)
+    hi = np.minimum(start + window, size)
+    return lo, hi
+
+
+def adaptive_bounds(size, count):
+    """(lo, hi) of adaptive bin ``i``: ``[floor(i*size/count), ceil((i+1)*size/count))``."""
+    i = np.arange(count, dtype=np.int64)
+    lo = (i * size) // count
+    hi = -((-(i + 1) * size) // count)
+    return lo, hi

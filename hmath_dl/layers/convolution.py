@@ -1,0 +1,296 @@
+"""Convolution: direct grouped / strided / dilated cross-correlation on 1-3 spatial axes,
+its adjoint (transposed convolution) and depthwise convolution (seed: HMath.DeepLearning.Layers).
+
+Layout ``x [N, C, *spatial]`` with 1-3 spatial axes; symmetric zero padding.  The
+kernels live in :mod:`hmath_dl._kernels.conv` (direct summation, no FFT/Winograd, no
+BLAS; bitwise identical for any thread count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple, Union
+
+import numpy as np
+
+from .. import _checks
+from .._kernels.conv import conv_nd, conv_transpose_nd
+from ..errors import DomainError, NumericOverflow, ShapeError
+
+__all__ = ["ConvOptions", "convolution", "transposed_convolution", "depthwise_convolution"]
+
+IntOrTuple = Union[int, Tuple[int, ...]]
+
+
+class ShapeOrDomainError(ShapeError, DomainError):
+    """Raised where a rejection is both about shapes and about a parameter's domain
+    (``groups`` not dividing a channel count, an output size below 1): catchable as
+    either :class:`~hmath_dl.errors.ShapeError` or :class:`~hmath_dl.errors.DomainError`."""
+
+
+def _option_field(name, value, lo):
+    """Normalise one ConvOptions field: an int (kept as int, broadcast at call time) or a
+    sequence of ints (kept as a tuple), each >= lo."""
+    fname = "ConvOptions"
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return _checks.integer(fname, name, value, min=lo)
+    return _checks.int_tuple(fname, name, value, min=lo)
+
+
+@dataclass(frozen=True)
+class ConvOptions:
+    """Per-axis convolution settings (frozen).
+
+    Parameters
+    ----------
+    stride : int or tuple of int
+        Step between output positions per spatial axis, each >= 1.
+    padding : int or tuple of int
+        Symmetric zero padding per spatial axis, each >= 0.
+    dilation : int or tuple of int
+        Spacing between kernel taps per spatial axis, each >= 1.
+    groups : int, default 1
+        Channel groups (>= 1); must divide the input and output channel counts.
+
+    Notes
+    -----
+    A single int stands for the same value on every spatial axis and is broadcast to the
+    input's rank when the options are used; a tuple must have exactly one entry per
+    spatial axis of the input it is used with (``ShapeError`` otherwise).  Lists are
+    stored as tuples.  Wrong types raise ``TypeError``, out-of-domain values
+    ``DomainError``.
+    """
+
+    stride: IntOrTuple
+    padding: IntOrTuple
+    dilation: IntOrTuple
+    groups: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "stride", _option_field("stride", self.stride, 1))
+        object.__setattr__(self, "padding", _option_field("padding", self.padding, 0))
+        object.__setattr__(self, "dilation", _option_field("dilation", self.dilation, 1))
+        object.__setattr__(self, "groups", _checks.integer("ConvOptions", "groups", self.groups, min=1))
+
+
+# --------------------------------------------------------------------------- validation
+def _options(fname, options):
+    if not isinstance(options, ConvOptions):
+        raise TypeError(f"{fname}: options must be a ConvOptions (got {type(options).__name__} {options!r:.80})")
+    return options
+
+
+def _per_axis(fname, options, rank):
+    return (_checks.int_tuple(fname, "options.stride", options.stride, rank, min=1),
+            _checks.int_tuple(fname, "options.padding", options.padding, rank, min=0),
+            _checks.int_tuple(fname, "options.dilation", options.dilation, rank, min=1))
+
+
+def _inputs(fname, x, weights):
+    x = _checks.tensor(fname, "x", x, min_ndim=3, max_ndim=5, nonempty=True)
+    w = _checks.tensor(fname, "weights", weights, nonempty=True)
+    if w.ndim != x.ndim:
+        raise ShapeError(f"{fname}: weights must have {x.ndim} axes like x "
+                         f"(got weights {_checks.shape_str(w.shape)}, x {_checks.shape_str(x.shape)})")
+    return x, w
+
+
+def _bias(fname, bias, cout):
+    if bias is None:
+        return None
+    return _checks.vector(fname, "bias", bias, cout)
+
+
+def _require_divisible(fname, what, count, groups):
+    if count % groups:
+        raise ShapeOrDomainError(f"{fname}: {what} {count} is not divisible by groups {groups}")
+
+
+def _check_output_size(fname, sizes, formula):
+    for a, o in enumerate(sizes):
+        if o < 1:
+            raise ShapeOrDomainError(
+                f"{fname}: output size along spatial axis {a} would be {o} "
+                f"({formula(a)}; expected >= 1)")
+
+
+def _finite_result(fname, out):
+    if not _checks.is_finite(out):
+        raise NumericOverflow(f"{fname}: the result overflows float64 "
+                              f"(a non-finite value in the output of shape {_checks.shape_str(out.shape)})")
+    return out
+
+
+def _forward(fname, x, w, bias, stride, padding, dilation, groups):
+    """Shared tail of convolution / depthwise_convolution (shapes already consistent)."""
+    S = x.shape[2:]
+    K = w.shape[2:]
+    O = tuple((S[a] + 2 * padding[a] - dilation[a] * (K[a] - 1) - 1) // stride[a] + 1
+              for a in range(len(S)))
+    _check_output_size(fname, O, lambda a: (
+        f"floor((input {S[a]} + 2*padding {padding[a]} - dilation {dilation[a]}*(kernel {K[a]} - 1) - 1)"
+        f" / stride {stride[a]}) + 1"))
+    if any(padding):
+        _checks.check_size(fname, x.shape[:2] + tuple(S[a] + 2 * padding[a] for a in range(len(S))))
+    out = _checks.alloc(fname, (x.shape[0], w.shape[0]) + O)
+    conv_nd(x, w, bias, stride, padding, dilation, groups, out=out)
+    return _finite_result(fname, out)
+
+
+# --------------------------------------------------------------------------- public
+def convolution(options, x, weights, bias=None):
+    """Direct grouped cross-correlation on 1-3 spatial axes.
+
+    Parameters
+    ----------
+    options : ConvOptions
+        stride ``s``, padding ``p``, dilation ``d`` (one per spatial axis) and ``groups``.
+    x : array_like, shape (N, Cin, *S)
+        Input with 1-3 spatial axes.
+    weights : array_like, shape (Cout, Cin/groups, *K)
+    bias : array_like of length Cout, or None
+
+    Returns
+    -------
+    ndarray, shape (N, Cout, *O)
+        ``y[n, co, o] = bias[co] + sum_{ci' < Cin/groups} sum_k
+        w[co, ci', k] * xpad[n, g*Cin/groups + ci', o*s + k*d]`` with ``g = co // (Cout/groups)``,
+        ``xpad`` the input with ``p`` zeros on both sides of every spatial axis and
+        ``O = floor((S + 2p - d(K-1) - 1)/s) + 1`` per axis (must be >= 1).
+        Same numbers as ``torch.nn.functional.conv{1,2,3}d``.
+
+    Raises
+    ------
+    TypeError
+        ``options`` not a ConvOptions; non-numeric arrays.
+    ShapeError
+        x rank not 3-5, weights rank different from x, option tuples of the wrong length,
+        channel counts that do not fit (``weights.shape[1] * groups != Cin``), bias length.
+    ShapeOrDomainError (a ShapeError and a DomainError)
+        ``groups`` not dividing Cin or Cout; an output size below 1.
+    NonFiniteError
+        NaN/inf in x, weights or bias.
+    NumericOverflow
+        A non-finite result.
+    """
+    fname = "convolution"
+    options = _options(fname, options)
+    x, w = _inputs(fname, x, weights)
+    rank = x.ndim - 2
+    stride, padding, dilation = _per_axis(fname, options, rank)
+    groups = options.groups
+    cin, cout = x.shape[1], w.shape[0]
+    _require_divisible(fname, "input channel count", cin, groups)
+    _require_divisible(fname, "output channel count (weights.shape[0])", cout, groups)
+    if w.shape[1] * groups != cin:
+        raise ShapeError(f"{fname}: weights have {w.shape[1]} input channels per group, "
+                         f"input has {cin} channels / groups {groups}")
+    b = _bias(fname, bias, cout)
+    return _forward(fname, x, w, b, stride, padding, dilation, groups)
+
+
+def transposed_convolution(output_padding, options, x, weights, bias=None):
+    """Transposed convolution: the adjoint (gradient with respect to the input) of
+    :func:`convolution`.
+
+    Parameters
+    ----------
+    output_padding : int or tuple of int
+        Extra output positions at the end of each spatial axis, ``0 <= output_padding <
+        stride`` per axis (an int is broadcast to every axis).
+    options : ConvOptions
+        stride ``s``, padding ``p``, dilation ``d`` and ``groups``.
+    x : array_like, shape (N, Cin, *S)
+    weights : array_like, shape (Cin, Cout/groups, *K)
+    bias : array_like of length Cout, or None
+
+    Returns
+    -------
+    ndarray, shape (N, Cout, *O)
+        ``O = (S-1)s - 2p + d(K-1) + output_padding + 1`` per axis (must be >= 1) and
+        ``y[n, co, o] = bias[co] + sum_{ci in group(co)} sum_{k, i : i*s + k*d = o + p}
+        w[ci, co', k] * x[n, ci, i]`` with ``co' = co mod (Cout/groups)``.  With no bias,
+        ``<convolution(opts, u, w), v> = <u, transposed_convolution(op, opts, v, w)>``.
+        Same numbers as ``torch.nn.functional.conv_transpose{1,2,3}d``.
+
+    Raises
+    ------
+    TypeError, ShapeError, ShapeOrDomainError, NonFiniteError, NumericOverflow
+        As for :func:`convolution` (here ``weights.shape[0]`` must equal Cin);
+        ``DomainError`` for an output padding outside ``[0, stride)``.
+    """
+    fname = "transposed_convolution"
+    options = _options(fname, options)
+    x, w = _inputs(fname, x, weights)
+    rank = x.ndim - 2
+    stride, padding, dilation = _per_axis(fname, options, rank)
+    op = _checks.int_tuple(fname, "output_padding", output_padding, rank, min=0)
+    for a in range(rank):
+        if op[a] >= stride[a]:
+            raise DomainError(f"{fname}: output_padding must be < stride on every axis "
+                              f"(got output_padding {op[a]}, stride {stride[a]} on spatial axis {a})")
+    groups = options.groups
+    cin = x.shape[1]
+    _require_divisible(fname, "input channel count", cin, groups)
+    if w.shape[0] != cin:
+        raise ShapeError(f"{fname}: weights have {w.shape[0]} input channels (weights.shape[0]), "
+                         f"input has {cin} channels")
+    cout = w.shape[1] * groups
+    b = _bias(fname, bias, cout)
+    S = x.shape[2:]
+    K = w.shape[2:]
+    O = tuple((S[a] - 1) * stride[a] - 2 * padding[a] + dilation[a] * (K[a] - 1) + op[a] + 1
+              for a in range(rank))
+    _check_output_size(fname, O, lambda a: (
+        f"(input {S[a]} - 1)*stride {stride[a]} - 2*padding {padding[a]} + dilation {dilation[a]}"
+        f"*(kernel {K[a]} - 1) + output_padding {op[a]} + 1"))
+    # the kernel's uncropped accumulator is about (O + 2p) per axis and channel block
+    _checks.check_size(fname, (x.shape[0], cout) + tuple(O[a] + 2 * padding[a] for a in range(rank)))
+    out = _checks.alloc(fname, (x.shape[0], cout) + O)
+    conv_transpose_nd(x, w, b, stride, padding, dilation, op, groups, out=out)
+    return _finite_result(fname, out)
+
+
+def depthwise_convolution(options, x, weights, bias=None):
+    """Depthwise convolution: :func:`convolution` with ``groups = Cin``.
+
+    Parameters
+    ----------
+    options : ConvOptions
+        stride, padding, dilation; ``options.groups`` must be 1 (the default, meaning
+        "not set") or Cin, anything else raises ``DomainError``.
+    x : array_like, shape (N, Cin, *S)
+    weights : array_like, shape (Cin*m, 1, *K)
+        ``m`` output channels per input channel (channel multiplier).
+    bias : array_like of length Cin*m, or None
+
+    Returns
+    -------
+    ndarray, shape (N, Cin*m, *O)
+        ``y[n, co, o] = bias[co] + sum_k w[co, 0, k] * xpad[n, co // m, o*s + k*d]``,
+        ``O = floor((S + 2p - d(K-1) - 1)/s) + 1`` per axis (must be >= 1).
+
+    Raises
+    ------
+    TypeError, ShapeError, ShapeOrDomainError, NonFiniteError, NumericOverflow
+        As for :func:`convolution`; ``ShapeError`` when ``weights.shape[1] != 1`` or
+        ``weights.shape[0]`` is not a multiple of Cin; ``DomainError`` for
+        ``options.groups`` not in ``{1, Cin}``.
+    """
+    fname = "depthwise_convolution"
+    options = _options(fname, options)
+    x, w = _inputs(fname, x, weights)
+    rank = x.ndim - 2
+    stride, padding, dilation = _per_axis(fname, options, rank)
+    cin = x.shape[1]
+    if options.groups not in (1, cin):
+        raise DomainError(f"{fname}: options.groups must be 1 or the input channel count {cin} "
+                          f"(got {options.groups})")
+    if w.shape[1] != 1:
+        raise ShapeError(f"{fname}: weights must have 1 input channel per group "
+                         f"(got weights {_checks.shape_str(w.shape)}, expected [Cin*m, 1, *K])")
+    if w.shape[0] % cin:
+        raise ShapeError(f"{fname}: weights have {w.shape[0]} output channels, not a multiple of "
+                         f"the input's {cin} channels")
+    b = _bias(fname, bias, w.shape[0])
+    return _forward(fname, x, w, b, stride, padding, dilation, cin)
