@@ -78,3 +78,74 @@ def test_dense_errors():
         dense([[1e308]], [[1.0]], [1e308])
     with pytest.raises(TypeError, match="^dense"):
         dense([["a"]], [[1.0]], None)
+
+
+# ----------------------------------------------------------------------------- embedding
+from hmath_dl.errors import IndexOutOfRange  # noqa: E402
+from hmath_dl.layers import embedding  # noqa: E402
+
+
+@given(v=st.integers(1, 6), f=st.integers(0, 4),
+       shape=st.lists(st.integers(0, 4), min_size=0, max_size=3), seed=st.integers(0, 2**32 - 1))
+def test_embedding_reference(v, f, shape, seed):
+    g = np.random.default_rng(seed)
+    w = g.standard_normal((v, f))
+    idx = g.integers(0, v, size=tuple(shape))
+    got = embedding(w, idx)
+    assert got.shape == tuple(shape) + (f,) and got.dtype == np.float64 and got.flags.c_contiguous
+    assert np.array_equal(got, ref.embedding(w, idx))
+
+
+def test_embedding_index_types():
+    w = np.arange(6.0).reshape(3, 2)
+    for idx in ([2, 0], np.array([2, 0], dtype=np.int8), np.array([2, 0], dtype=np.uint16),
+                (2, 0), np.array([[2, 0]])[0]):
+        assert embedding(w, idx).tolist() == [[4.0, 5.0], [0.0, 1.0]]
+    assert embedding(w, 1).tolist() == [2.0, 3.0]  # 0-d index -> shape (F,)
+    assert embedding(w, np.zeros((2, 0), dtype=int)).shape == (2, 0, 2)
+
+
+def test_embedding_input_forms_and_no_mutation():
+    g = np.random.default_rng(8)
+    w = g.standard_normal((5, 3))
+    idx = np.array([[4, 1], [0, 0]])
+    want = embedding(w, idx)
+    copies = frozen_copy(w, idx)
+    embedding(w, idx)
+    assert np.array_equal(w, copies[0]) and np.array_equal(idx, copies[1])
+    assert np.array_equal(embedding(noncontiguous(w), idx[:, ::-1][:, ::-1]), want)
+    assert np.array_equal(embedding(readonly(w), idx), want)
+    assert np.array_equal(embedding(w.tolist(), idx.tolist()), want)
+    out = embedding(w, idx)
+    out[0, 0, 0] = 99.0  # the result is a copy the caller owns
+    assert w[4, 0] == copies[0][4, 0]
+
+
+def test_embedding_errors():
+    w = np.arange(6.0).reshape(3, 2)
+    for idx, pos, val in (([0, 3], "[1]", "3"), ([[0, 1], [-1, 5]], "[1, 0]", "-1"), (7, "[]", "7")):
+        with pytest.raises(IndexOutOfRange, match="^embedding") as info:
+            embedding(w, idx)
+        assert isinstance(info.value, IndexError)
+        assert pos in str(info.value) and val in str(info.value)
+    with pytest.raises(IndexOutOfRange, match="^embedding"):
+        embedding(np.zeros((0, 2)), [0])
+    with pytest.raises(TypeError, match="^embedding"):
+        embedding(w, [0.0, 1.0])
+    with pytest.raises(TypeError, match="^embedding"):
+        embedding(w, [True, False])
+    with pytest.raises(ShapeError, match="^embedding"):
+        embedding([1.0, 2.0], [0])
+    with pytest.raises(NonFiniteError, match="^embedding"):
+        embedding([[1.0, np.nan]], [0])
+
+
+def test_embedding_deterministic_across_threads():
+    from tests.helpers import assert_same_across_threads
+    assert_same_across_threads("""
+        import sys, numpy as np
+        from hmath_dl.layers import embedding
+        g = np.random.default_rng(0)
+        w = g.standard_normal((50, 16))
+        sys.stdout.buffer.write(embedding(w, g.integers(0, 50, (30, 7))).tobytes())
+    """)

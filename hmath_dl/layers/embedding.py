@@ -35,6 +35,8 @@ def embedding(weights, indices):
     fname = "embedding"
     w = _checks.tensor(fname, "weights", weights, ndim=2)
     idx = _checks.int_array(fname, "indices", indices)
+    if idx.ndim == 1 and np.ndim(indices) == 0:  # _checks turns a 0-d input into [1]
+        idx = idx.reshape(())
     v, f = w.shape
     out = _checks.alloc(fname, idx.shape + (f,))
     flat = idx.reshape(-1)

@@ -197,5 +197,5 @@ def initialize_weights(init, fan_in, fan_out, shape, rng):
         if not np.isfinite(w).all():
             raise NumericOverflow(f"{fname}: mean + sigma * z is not finite "
                                   f"(mean {init.mean!r}, sigma {init.sigma!r})")
-    out = np.ascontiguousarray(np.asarray(w, dtype=np.float64).reshape(shp))
+    out = np.asarray(w, dtype=np.float64, order="C").reshape(shp)
     return out, rng.advanced(gen)

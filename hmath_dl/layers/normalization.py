@@ -214,8 +214,11 @@ def batch_norm(mode, momentum, epsilon, gamma, beta, state, x):
     _raise_status(fname, status, xa, unit="channel")
     unbiased = var * (m / (m - 1)) if m > 1 else var
     with np.errstate(over="ignore", invalid="ignore"):
-        new_mean = (1.0 - momentum) * state.running_mean + momentum * mean
-        new_var = (1.0 - momentum) * state.running_variance + momentum * unbiased
+        if momentum == 0.0:  # the batch has no weight (even a non-representable variance)
+            new_mean, new_var = state.running_mean, state.running_variance
+        else:
+            new_mean = (1.0 - momentum) * state.running_mean + momentum * mean
+            new_var = (1.0 - momentum) * state.running_variance + momentum * unbiased
     if not (np.isfinite(new_mean).all() and np.isfinite(new_var).all()):
         raise NumericOverflow(f"{fname}: the updated running statistics are not finite "
                               f"(batch variance exceeds the float64 range)")
