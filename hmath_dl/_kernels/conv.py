@@ -372,8 +372,18 @@ def conv_weight_grad(xp, gy, groups, sd, sh, sw, dd, dh, dw, out):
 
 
 # --------------------------------------------------------------------------- entry points
+def _out5(a):
+    """Rank-5 view of an output array (never copied)."""
+    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
+
+
 def _as5(a):
-    """View a rank 3-5 array as rank 5 by inserting unit spatial axes after N, C."""
+    """View a rank 3-5 array as rank 5 by inserting unit spatial axes after N, C.
+
+    A read-only array is copied first: numba compiles a separate specialisation for
+    read-only arrays, and one compiled variant per kernel keeps first calls fast."""
+    if not a.flags.writeable:
+        a = a.copy()
     extra = 5 - a.ndim
     return a.reshape(a.shape[:2] + (1,) * extra + a.shape[2:])
 
@@ -410,10 +420,10 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None):
             pad_input(x5, p[0], p[1], p[2], xp)
     else:
         xp = x5
-    b = bias if bias is not None else np.zeros(1, dtype=np.float64)
+    b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
     if out.size:
         conv_forward(xp, w5, b, bias is not None, int(groups), s[0], s[1], s[2],
-                     d[0], d[1], d[2], _as5(out))
+                     d[0], d[1], d[2], _out5(out))
     return out
 
 
@@ -437,10 +447,10 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     shape = (N, w.shape[1] * int(groups)) + O[3 - r:]
     if out is None:
         out = np.empty(shape, dtype=np.float64)
-    b = bias if bias is not None else np.zeros(1, dtype=np.float64)
+    b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
     if out.size:
         conv_transpose(x5, w5, b, bias is not None, int(groups), s[0], s[1], s[2],
-                       d[0], d[1], d[2], p[0], p[1], p[2], _as5(out))
+                       d[0], d[1], d[2], p[0], p[1], p[2], _out5(out))
     return out
 
 

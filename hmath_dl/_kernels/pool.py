@@ -131,7 +131,16 @@ def max_pool_argmax(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, out, idx):
 
 
 # --------------------------------------------------------------------------- entry points
+def _out5(a):
+    """Rank-5 view of an output array (never copied)."""
+    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
+
+
 def _as5(a):
+    """Rank-5 view (unit spatial axes inserted after N, C); read-only arrays are copied so
+    that each kernel has a single compiled specialisation."""
+    if not a.flags.writeable:
+        a = a.copy()
     extra = 5 - a.ndim
     return a.reshape(a.shape[:2] + (1,) * extra + a.shape[2:])
 
@@ -150,7 +159,7 @@ def pool_nd(x, bounds, is_max, out):
     ``(lo, hi)`` pair of int64 arrays per spatial axis (nonempty, clipped ranges), ``out``
     preallocated ``[N, C, *O]``.  Fills and returns ``out``."""
     if out.size:
-        pool_boxes(_as5(x), *_bounds3(bounds), bool(is_max), _as5(out))
+        pool_boxes(_as5(x), *_bounds3(bounds), bool(is_max), _out5(out))
     return out
 
 
@@ -158,7 +167,7 @@ def max_pool_argmax_nd(x, bounds, out, idx):
     """Like :func:`pool_nd` for max, also filling ``idx`` (int64, shape of ``out``) with the
     flat spatial index of each window's first maximum (window order d, h, w)."""
     if out.size:
-        max_pool_argmax(_as5(x), *_bounds3(bounds), _as5(out), _as5(idx))
+        max_pool_argmax(_as5(x), *_bounds3(bounds), _out5(out), _out5(idx))
     return out, idx
 
 
