@@ -44,24 +44,36 @@ def dense(x, weights, bias):
         a result is not finite.
     """
     fname = "dense"
-    xa = _checks.tensor(fname, "x", x, min_ndim=2)
-    w = _checks.tensor(fname, "weights", weights, ndim=2)
+    # Finiteness of the inputs is not pre-scanned: a NaN/inf in x, weights or bias always
+    # makes some output non-finite (inf * 0 = NaN, NaN propagates), so one check of the
+    # (smaller) output suffices; only then are the inputs scanned to name the culprit.
+    xa = _checks.tensor(fname, "x", x, min_ndim=2, finite=False)
+    w = _checks.tensor(fname, "weights", weights, ndim=2, finite=False)
     if xa.shape[-1] != w.shape[1]:
         raise ShapeError(
             f"{fname}: x has {xa.shape[-1]} input features, weights expect {w.shape[1]} "
             f"(got x {_checks.shape_str(xa.shape)}, weights {_checks.shape_str(w.shape)})")
     b = None
     if bias is not None:
-        b = _checks.vector(fname, "bias", bias, w.shape[0])
+        b = _checks.vector(fname, "bias", bias, w.shape[0], finite=False)
     out = _checks.alloc(fname, xa.shape[:-1] + (w.shape[0],))
     if out.size == 0:
+        _checks.require_finite(fname, "x", xa)
+        _checks.require_finite(fname, "weights", w)
+        if b is not None:
+            _checks.require_finite(fname, "bias", b)
         return out
-    if xa.shape[-1] == 0:
-        out[...] = 0.0
-    else:
-        np.matmul(xa, w.T, out=out)
-    if b is not None:
-        out += b
-    if not _checks.is_finite(out):
+    with np.errstate(over="ignore", invalid="ignore"):
+        if xa.shape[-1] == 0:
+            out[...] = 0.0
+        else:
+            np.matmul(xa, w.T, out=out)
+        if b is not None:
+            out += b
+    if not np.isfinite(out).all():
+        _checks.require_finite(fname, "x", xa)
+        _checks.require_finite(fname, "weights", w)
+        if b is not None:
+            _checks.require_finite(fname, "bias", b)
         raise NumericOverflow(f"{fname}: result is not finite (x @ weights.T + bias overflowed)")
     return out
