@@ -2,63 +2,161 @@
 float32 products and a float32 accumulator with a fixed k order per output.
 
 For every output ``acc = +0.0f`` and ``acc = fl32(acc + fl32(a[i,k] * b[k,j]))`` for
-``k = 0 .. K-1``.  Separate multiply and add (numba never contracts them into an FMA
-without fastmath, which is never used).  Work is split over blocks of output rows; the k
-order of every output is the same whatever the blocking, so results are bitwise identical
-for any thread count.
+``k = 0 .. K-1``.  Separate multiply and add: the micro-kernel is written in LLVM IR with
+plain ``fmul``/``fadd`` (no fast-math flags, so LLVM may neither contract them into an FMA
+nor reorder them).
+
+Blocking (the k order of every output is unchanged by it): ``b`` is packed into panels of
+``NR = 16*NV`` columns (``bp[k, c] = b[k, jb*NR + c]``, zero-padded); ``a`` is read in
+place, ``MR`` rows at a time.  The micro-kernel keeps an
+``MR x NR`` tile of accumulators in ``MR*NV`` 16-lane vector registers and runs k from 0
+to K-1 inside, so every output sees exactly the sequence of the specification.  Work is
+split over (panel, row-block) tiles: results are bitwise identical for any thread count.
 """
 
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.extending import intrinsic
 
-from ._jit import helper, kernel
+from ._jit import kernel
 
-MB = 4      # rows per block
-NB = 256    # columns per accumulator tile
+MR = 6                # rows per micro-tile
+NV = 4                # 16-lane vectors per micro-tile row
+LANES = 16
+NR = NV * LANES       # columns per micro-tile
+MIN_TASKS = 8         # split the rows when there are fewer column panels than this
+MIN_GROUP = 16        # but keep at least this many row blocks per task
 
 
-@helper
-def _tile(a, b, out, i0, i1, j0, j1, acc):
-    K = a.shape[1]
-    mb = i1 - i0
-    nb = j1 - j0
-    for ii in range(mb):
-        for jj in range(nb):
-            acc[ii, jj] = np.float32(0.0)
-    for k in range(K):
-        for ii in range(mb):
-            av = a[i0 + ii, k]
-            for jj in range(nb):
-                p = av * b[k, j0 + jj]
-                acc[ii, jj] = acc[ii, jj] + p
-    for ii in range(mb):
-        for jj in range(nb):
-            out[i0 + ii, j0 + jj] = np.float64(acc[ii, jj])
+@intrinsic
+def _micro_tile(typingctx, ap, a_off, lda, rows, bp, b_off, cp, c_off, k_count, ldc):
+    """C[0:MR, 0:NR] (float32, row stride ``ldc``, at ``cp + c_off``) = the sequential-k
+    float32 product of the A rows at ``ap + a_off + r*lda`` (r < ``rows``; rows beyond
+    repeat the last valid one, their results are ignored by the caller) and the packed B
+    panel at ``bp + b_off`` ([K, NR])."""
+    sig = types.void(ap, types.intp, types.intp, types.intp, bp, types.intp, cp, types.intp,
+                     types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ap_v, a_off_v, lda_v, rows_v, bp_v, b_off_v, cp_v, c_off_v, k_v, ldc_v = args
+        f32 = ir.FloatType()
+        vec = ir.VectorType(f32, LANES)
+        i64 = ir.IntType(64)
+        i32 = ir.IntType(32)
+        a_base = context.make_array(signature.args[0])(context, builder, ap_v).data
+        b_base = context.make_array(signature.args[4])(context, builder, bp_v).data
+        c_base = context.make_array(signature.args[6])(context, builder, cp_v).data
+        a_ptr = builder.gep(a_base, [a_off_v])
+        last = builder.sub(rows_v, ir.Constant(i64, 1))
+        a_rows = []
+        for r in range(MR):
+            rc = ir.Constant(i64, r)
+            rr = builder.select(builder.icmp_signed("<", rc, rows_v), rc, last)
+            a_rows.append(builder.gep(a_ptr, [builder.mul(rr, lda_v)]))
+        b_ptr = builder.gep(b_base, [b_off_v])
+        c_ptr = builder.gep(c_base, [c_off_v])
+        zero = ir.Constant(vec, [0.0] * LANES)           # +0.0f
+        mask0 = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+        undef_vec = ir.Constant(vec, ir.Undefined)
+
+        entry = builder.basic_block
+        loop = builder.append_basic_block("mk_loop")
+        done = builder.append_basic_block("mk_done")
+        has_work = builder.icmp_signed(">", k_v, ir.Constant(i64, 0))
+        builder.cbranch(has_work, loop, done)
+
+        builder.position_at_end(loop)
+        k_phi = builder.phi(i64)
+        k_phi.add_incoming(ir.Constant(i64, 0), entry)
+        accs = []
+        for _ in range(MR * NV):
+            p = builder.phi(vec)
+            p.add_incoming(zero, entry)
+            accs.append(p)
+        brow = builder.gep(b_ptr, [builder.mul(k_phi, ir.Constant(i64, NR))])
+        bvecs = []
+        for v in range(NV):
+            q = builder.bitcast(builder.gep(brow, [ir.Constant(i64, v * LANES)]), vec.as_pointer())
+            bvecs.append(builder.load(q, align=4))
+        new_accs = []
+        for r in range(MR):
+            s = builder.load(builder.gep(a_rows[r], [k_phi]), align=4)
+            bc = builder.shuffle_vector(builder.insert_element(undef_vec, s, ir.Constant(i32, 0)),
+                                        undef_vec, mask0)
+            for v in range(NV):
+                prod = builder.fmul(bc, bvecs[v])        # fl32(a * b)
+                new_accs.append(builder.fadd(accs[r * NV + v], prod))   # fl32(acc + p)
+        k_next = builder.add(k_phi, ir.Constant(i64, 1))
+        k_phi.add_incoming(k_next, loop)
+        for p, n in zip(accs, new_accs):
+            p.add_incoming(n, loop)
+        builder.cbranch(builder.icmp_signed("<", k_next, k_v), loop, done)
+
+        builder.position_at_end(done)
+        results = []
+        for n in new_accs:
+            res = builder.phi(vec)
+            res.add_incoming(zero, entry)
+            res.add_incoming(n, loop)
+            results.append(res)
+        for r in range(MR):
+            crow = builder.gep(c_ptr, [builder.mul(ir.Constant(i64, r), ldc_v)])
+            for v in range(NV):
+                q = builder.bitcast(builder.gep(crow, [ir.Constant(i64, v * LANES)]), vec.as_pointer())
+                builder.store(results[r * NV + v], q, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @kernel
 def gemm_f32_seq(a, b, out):
     """``out[i, j] = float64(acc)`` as described in the module docstring.  ``a`` [M, K] and
-    ``b`` [K, N] are C-contiguous float32, ``out`` [M, N] float64.  Returns the first flat
-    index of a non-finite output (a product or the accumulator reached +-inf), or -1."""
-    M = a.shape[0]
+    ``b`` [K, N] are C-contiguous float32 (K >= 1), ``out`` [M, N] float64.  Returns the
+    first flat index of a non-finite output (a product or the accumulator reached +-inf),
+    or -1.
+
+    One parallel loop over tasks (column panel ``jb``, group of row blocks): each
+    task packs its B panel into a private buffer, then runs the micro-kernel over its row
+    blocks and converts the tile to float64."""
+    M, K = a.shape
     N = b.shape[1]
-    nblocks = (M + MB - 1) // MB
-    first_bad = np.full(max(nblocks, 1), -1, dtype=np.int64)
-    for blk in prange(nblocks):
-        acc = np.empty((MB, NB), dtype=np.float32)
-        i0 = blk * MB
-        i1 = min(M, i0 + MB)
-        for j0 in range(0, N, NB):
-            j1 = min(N, j0 + NB)
-            _tile(a, b, out, i0, i1, j0, j1, acc)
+    mb = (M + MR - 1) // MR
+    nb = (N + NR - 1) // NR
+    # split row blocks into groups only when there are few column panels (each task packs
+    # its panel, so fewer groups means less repeated packing)
+    ng = max(1, min((mb + MIN_GROUP - 1) // MIN_GROUP, (MIN_TASKS + nb - 1) // nb))
+    group = (mb + ng - 1) // ng
+    ntasks = nb * ng
+    flat_a = a.reshape(-1)
+    first_bad = np.full(ntasks, -1, dtype=np.int64)
+    for t in prange(ntasks):
+        jb = t // ng
+        g = t - jb * ng
+        j0 = jb * NR
+        width = min(NR, N - j0)
+        panel = np.zeros(K * NR, dtype=np.float32)
+        for k in range(K):
+            for c in range(width):
+                panel[k * NR + c] = b[k, j0 + c]
+        tile = np.empty(MR * NR, dtype=np.float32)
         bad = np.int64(-1)
-        for i in range(i0, i1):
-            for j in range(N):
-                if bad < 0 and not np.isfinite(out[i, j]):
-                    bad = np.int64(i) * N + j
-        first_bad[blk] = bad
-    for blk in range(nblocks):
-        if first_bad[blk] >= 0:
-            return first_bad[blk]
-    return np.int64(-1)
+        for ib in range(g * group, min(mb, (g + 1) * group)):
+            i0 = ib * MR
+            rows = min(MR, M - i0)
+            _micro_tile(flat_a, i0 * K, K, rows, panel, 0, tile, 0, K, NR)
+            for r in range(rows):
+                for c in range(width):
+                    v = np.float64(tile[r * NR + c])
+                    out[i0 + r, j0 + c] = v
+                    if not np.isfinite(v):
+                        idx = np.int64(i0 + r) * N + j0 + c
+                        if bad < 0 or idx < bad:
+                            bad = idx
+        first_bad[t] = bad
+    best = np.int64(-1)
+    for t in range(ntasks):
+        if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
+            best = first_bad[t]
+    return best

@@ -48,19 +48,27 @@ def _where(shape, flat_index):
 
 
 def _round(fname: str, name: str, precision: Precision, arr: np.ndarray) -> np.ndarray:
-    """uint16 patterns of the finite C-contiguous float64 array ``arr`` (same shape)."""
+    """uint16 patterns of the C-contiguous float64 array ``arr`` (same shape).  The kernel
+    also detects NaN/inf (NonFiniteError, reported before any overflow)."""
     mbits, bias, fmax = _FORMAT[precision]
     out = _checks.alloc(fname, arr.shape, np.uint16)
     if arr.size == 0:
         return out
     bad = int(_khalf.round_to_bits(arr.reshape(-1), out.reshape(-1), mbits, bias))
+    if bad == -2:
+        _checks.require_finite(fname, name, arr)
     if bad >= 0:
-        value = float(arr.reshape(-1)[bad])
-        raise NumericOverflow(
-            f"{fname}: {name} has {value!r} at index {_where(arr.shape, bad)}, which rounds to "
-            f"{'-' if value < 0 else '+'}inf in {precision.name} (expected |value| to round to "
-            f"at most {fmax!r})")
+        _overflow(fname, name, precision, arr, bad)
     return out
+
+
+def _overflow(fname, name, precision, arr, bad):
+    fmax = _FORMAT[precision][2]
+    value = float(arr.reshape(-1)[bad])
+    raise NumericOverflow(
+        f"{fname}: {name} has {value!r} at index {_where(arr.shape, bad)}, which rounds to "
+        f"{'-' if value < 0 else '+'}inf in {precision.name} (expected |value| to round to "
+        f"at most {fmax!r})")
 
 
 def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np.ndarray:
@@ -69,7 +77,7 @@ def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np
     out = _checks.alloc(fname, bits.shape, np.float64)
     if bits.size == 0:
         return out
-    bad = int(_khalf.bits_to_float(bits.reshape(-1), out.reshape(-1).view(np.uint64), mbits, bias))
+    bad = int(_khalf.bits_to_float(bits.reshape(-1), out.reshape(-1).view(np.int64), mbits, bias))
     if bad >= 0:
         pattern = int(bits.reshape(-1)[bad])
         kind = "inf" if pattern & ((1 << mbits) - 1) == 0 else "NaN"
@@ -108,7 +116,7 @@ def round_to_bits(precision, x) -> np.ndarray:
     """
     fname = "round_to_bits"
     precision = _checks.member(fname, "precision", precision, Precision)
-    arr = tensor_keep_0d(fname, "x", x)
+    arr = tensor_keep_0d(fname, "x", x, finite=False)     # finiteness checked by the kernel
     return _round(fname, "x", precision, arr)
 
 
@@ -178,17 +186,20 @@ def round_to_precision(precision, x) -> np.ndarray:
     """
     fname = "round_to_precision"
     precision = _checks.member(fname, "precision", precision, Precision)
-    arr = tensor_keep_0d(fname, "x", x)
+    arr = tensor_keep_0d(fname, "x", x, finite=False)     # finiteness checked by the kernel
     bits = _round(fname, "x", precision, arr)
     return _decode(fname, "x", precision, bits.astype(np.int64))
 
 
-def _to_float32(fname: str, precision: Precision, bits: np.ndarray) -> np.ndarray:
+def _round_float32(fname: str, precision: Precision, arr: np.ndarray):
+    """(float32 copy of ``arr`` rounded to ``precision``, kernel status): every 16-bit
+    value is a float32; status -2 = NaN/inf present, >= 0 first overflow, -1 fine."""
     mbits, bias, _ = _FORMAT[precision]
-    out = _checks.alloc(fname, bits.shape, np.float32)
-    if bits.size:
-        _khalf.bits_to_float32(bits.reshape(-1), out.reshape(-1).view(np.uint32), mbits, bias)
-    return out
+    out = _checks.alloc(fname, arr.shape, np.float32)
+    if arr.size == 0:
+        return out, -1
+    status = int(_khalf.round_to_float32(arr.reshape(-1), out.reshape(-1).view(np.int32), mbits, bias))
+    return out, status
 
 
 def reduced_gemm(precision, a, b) -> np.ndarray:
@@ -225,8 +236,8 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
     """
     fname = "reduced_gemm"
     precision = _checks.member(fname, "precision", precision, Precision)
-    a = _checks.tensor(fname, "a", a, ndim=2)
-    b = _checks.tensor(fname, "b", b, ndim=2)
+    a = _checks.tensor(fname, "a", a, ndim=2, finite=False)   # finiteness checked while rounding
+    b = _checks.tensor(fname, "b", b, ndim=2, finite=False)
     if a.shape[1] != b.shape[0]:
         raise ShapeError(f"{fname}: a is {_checks.shape_str(a.shape)} and b is "
                          f"{_checks.shape_str(b.shape)} (expected a [M, K] and b [K, N] with "
@@ -234,8 +245,16 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
     m, k = a.shape
     n = b.shape[1]
     out = _checks.alloc(fname, (m, n), np.float64)
-    a32 = _to_float32(fname, precision, _round(fname, "a", precision, a))
-    b32 = _to_float32(fname, precision, _round(fname, "b", precision, b))
+    a32, status_a = _round_float32(fname, precision, a)
+    b32, status_b = _round_float32(fname, precision, b)
+    if status_a == -2:                   # non-finite input is reported before any overflow
+        _checks.require_finite(fname, "a", a)
+    if status_b == -2:
+        _checks.require_finite(fname, "b", b)
+    if status_a >= 0:
+        _overflow(fname, "a", precision, a, status_a)
+    if status_b >= 0:
+        _overflow(fname, "b", precision, b, status_b)
     if out.size == 0:
         return out
     if k == 0:
