@@ -159,3 +159,82 @@ def test_dropout_ad():
         y1, m1, _ = L.dropout(mode, 0.3, RNG.from_seed(7), xv.value)
         assert np.array_equal((xv * ad.constant(m1)).value, y0)
     raises(DomainError, "dropout_ad", L.dropout_ad, L.Mode.TRAINING, 1.5, RNG.from_seed(1), V(x))
+
+
+# ----------------------------------------------------------------------------- attention
+def _attention_case(draw, heads=1):
+    seed = draw(seeds)
+    rng = np.random.default_rng(seed)
+    lead = tuple(draw(st.lists(st.integers(1, 2), max_size=2 if heads == 1 else 1)))
+    n, m = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    d, f = heads * draw(st.integers(1, 2)), heads * draw(st.integers(1, 2))
+    q = rng.standard_normal(lead + (n, d))
+    k = rng.standard_normal(lead + (m, d))
+    v = rng.standard_normal(lead + (m, f))
+    kind = draw(st.sampled_from(["none", "shared", "full"]))
+    mask = None
+    if kind == "shared":
+        mask = rng.random((n, m)) < 0.6
+    elif kind == "full":
+        mask = rng.random(lead + (n, m)) < 0.6
+    return q, k, v, mask
+
+
+@given(data=st.data())
+def test_sdpa_ad(data):
+    from hmath_dl.layers.attention import scaled_dot_product_attention
+    q, k, v, mask = _attention_case(data.draw)
+    out = L.scaled_dot_product_attention_ad(V(q), V(k), V(v), mask)
+    assert np.array_equal(out.value, scaled_dot_product_attention(q, k, v, mask)[0])
+    ad.check_gradients(lambda a, b, c: L.scaled_dot_product_attention_ad(a, b, c, mask),
+                       [q, k, v])
+
+
+@settings(max_examples=20)
+@given(data=st.data(), heads=st.integers(1, 3))
+def test_multihead_attention_ad(data, heads):
+    from hmath_dl.layers.attention import multihead_attention
+    q, k, v, mask = _attention_case(data.draw, heads)
+    out = L.multihead_attention_ad(heads, V(q), V(k), V(v), mask)
+    assert np.array_equal(out.value, multihead_attention(heads, q, k, v, mask))
+    ad.check_gradients(lambda a, b, c: L.multihead_attention_ad(heads, a, b, c, mask), [q, k, v])
+
+
+def test_attention_reference_gradients():
+    from hmath_dl.layers.attention import scaled_dot_product_attention
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((3, 4)), rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+    mask = rng.random((3, 5)) < 0.7
+    grads_vs_reference(lambda a, b, c: L.scaled_dot_product_attention_ad(a, b, c, mask),
+                       lambda a, b, c: scaled_dot_product_attention(a, b, c, mask)[0], [q, k, v])
+
+
+def test_fully_masked_rows_give_exact_zero_gradients():
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 3))
+    mask = np.ones((3, 5), dtype=bool)
+    mask[1] = False
+    qv, kv, vv = V(q), V(k), V(v)
+    for out in (L.scaled_dot_product_attention_ad(qv, kv, vv, mask),
+                L.multihead_attention_ad(1, qv, kv, vv, mask)):
+        assert np.array_equal(out.value[:, 1], np.zeros((2, 3)))
+        cot = np.zeros(out.shape)
+        cot[:, 1] = 1.0  # only the fully masked row
+        gq, gk, gv = ad.gradients(out, [qv, kv, vv], cot)
+        assert not gq.any() and not gk.any() and not gv.any()
+        gq, _, _ = ad.gradients(out, [qv, kv, vv], rng.standard_normal(out.shape))
+        assert np.array_equal(gq[:, 1], np.zeros((2, 4)))
+    # every row masked: a constant zero graph
+    out = L.scaled_dot_product_attention_ad(qv, kv, vv, np.zeros((3, 5), bool))
+    gs = ad.gradients(out, [qv, kv, vv], np.ones(out.shape))
+    assert all(not g.any() for g in gs)
+
+
+def test_attention_errors():
+    q = V(np.ones((3, 4)))
+    raises(ShapeError, "scaled_dot_product_attention_ad", L.scaled_dot_product_attention_ad,
+           q, V(np.ones((5, 3))), V(np.ones((5, 2))))
+    raises(ShapeError, "scaled_dot_product_attention_ad", L.scaled_dot_product_attention_ad,
+           q, q, q, np.ones((2, 2), bool))
+    raises(DomainError, "multihead_attention_ad", L.multihead_attention_ad, 3, q, q, q)
+    raises(DomainError, "multihead_attention_ad", L.multihead_attention_ad, 0, q, q, q)

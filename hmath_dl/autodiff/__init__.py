@@ -27,18 +27,7 @@ from .ops import (activate, cross_entropy, exp, log, log_softmax, mean, mse, res
                   sqrt, sum, tanh, transpose)
 from .check import check_gradients
 
-try:
-    from .._gradutils import clip_gradients, gradient_norm
-except ImportError:  # pragma: no cover - until the precision module lands
-    def gradient_norm(grads):
-        """See :func:`hmath_dl.precision.gradient_norm`."""
-        from .._gradutils import gradient_norm as impl
-        return impl(grads)
-
-    def clip_gradients(max_norm, grads):
-        """See :func:`hmath_dl.precision.clip_gradients`."""
-        from .._gradutils import clip_gradients as impl
-        return impl(max_norm, grads)
+from .._gradutils import clip_gradients, gradient_norm  # the one implementation
 
 __all__ = [
     "ADTensor", "variable", "constant", "gradients",
