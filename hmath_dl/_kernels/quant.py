@@ -21,7 +21,8 @@ compute ``S``:
   cannot wrap; chunks are combined in int64.  Only used when the host CPU has the needed
   features (the facade decides).
 * ``gemm_portable``: plain loops over ``qa`` rows and ``qb`` columns (``qb`` transposed
-  to ``[N, K]``) accumulating in int64; used on CPUs without AVX-512 VNNI.
+  to ``[N, K]``), exact int32 dot products for ``K <= 65536``, int64 beyond; used on
+  CPUs without AVX-512 VNNI.
 
 Both are exact and, all arithmetic being integer until the final per-element scaling,
 give bitwise identical results for any thread count.
@@ -45,6 +46,7 @@ _NO_INDEX = np.int64(2 ** 62)
 _MR = 8
 _NR = 32
 _VNNI_KCHUNK_Q = 16384        # 65536 terms: 65536 * 32640 < 2**31
+_PORTABLE_KCHUNK = 65536      # 65536 * 2**14 = 2**30 < 2**31
 
 
 # --------------------------------------------------------------------------- quantize
@@ -236,7 +238,9 @@ def col_sums(qb, cb):
 def gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
     """Exact int8 GEMM with plain loops; ``qbt`` is ``qb`` transposed (``[N, K]``).
 
-    The dot products accumulate in int64 (exact for any K below 2**49).
+    The dot products are exact: for ``K <= _PORTABLE_KCHUNK`` every partial sum is at
+    most ``K * 2**14 <= 2**30`` in magnitude, so the int32 truncation (which lets LLVM
+    vectorise the loop in 32-bit lanes) loses nothing; longer K accumulate in int64.
     ``bad_acc[i]`` / ``bad_fin[i]``: first column of row ``i`` whose accumulator leaves
     int32 / whose result is not finite (or -1)."""
     m, kk = qa.shape
@@ -245,9 +249,15 @@ def gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
         ba = -1
         bf = -1
         for j in range(n):
-            s = np.int64(0)
-            for t in range(kk):
-                s += np.int64(qa[i, t]) * np.int64(qbt[j, t])
+            if kk <= _PORTABLE_KCHUNK:
+                p = 0
+                for t in range(kk):
+                    p += np.int32(qa[i, t]) * np.int32(qbt[j, t])
+                s = np.int64(np.int32(p))  # exact: |p| <= 65536 * 2**14 = 2**30
+            else:
+                s = np.int64(0)
+                for t in range(kk):
+                    s += np.int64(qa[i, t]) * np.int64(qbt[j, t])
             st = _finish(i, j, s, np.int64(kk), ra, cb, za, zb, sa, sb, out)
             if st == 1 and ba < 0:
                 ba = j
@@ -374,64 +384,99 @@ def pack_b_vnni(qb, np_, kp, bp, cb):
     kk, n = qb.shape
     npanel = np_ // _NR
     kq = kp // 4
+    kfull = kk // 4
     for p in prange(npanel):
         j0 = p * _NR
         ncol = min(_NR, n - j0)
-        csum = np.zeros(_NR, dtype=np.int64)
-        for q in range(kq):
+        if ncol == _NR:
+            for q in range(kfull):
+                base = (p * kq + q) * 128
+                for col in range(_NR):
+                    for t in range(4):
+                        bp[base + col * 4 + t] = qb[4 * q + t, j0 + col]
+            q0 = kfull
+        else:
+            q0 = 0
+        for q in range(q0, kq):
             base = (p * kq + q) * 128
-            for t in range(4):
-                k = 4 * q + t
-                if k < kk:
-                    for col in range(ncol):
-                        v = qb[k, j0 + col]
-                        bp[base + col * 4 + t] = v
-                        csum[col] += np.int64(v)
-                    for col in range(ncol, _NR):
+            for col in range(_NR):
+                for t in range(4):
+                    k = 4 * q + t
+                    if k < kk and col < ncol:
+                        bp[base + col * 4 + t] = qb[k, j0 + col]
+                    else:
                         bp[base + col * 4 + t] = 0
-                else:
-                    for col in range(_NR):
-                        bp[base + col * 4 + t] = 0
+        csum = np.zeros(_NR, dtype=np.int64)
+        for k in range(kk):
+            for col in range(ncol):
+                csum[col] += np.int64(qb[k, j0 + col])
         for col in range(ncol):
             cb[j0 + col] = csum[col]
+
+_TILES_PER_TASK = 8            # output tiles per parallel task (amortises scratch)
 
 
 @kernel
 def gemm_vnni(ap, bp, m, n, kk, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
     """Exact int8 GEMM on packed operands (see ``pack_a_u8`` / ``pack_b_vnni``).
 
-    One parallel iteration = one ``8 x 32`` output tile.  ``bad_acc[tile]`` /
-    ``bad_fin[tile]``: smallest flat output index ``i * n + j`` in the tile whose
-    accumulator leaves int32 / whose result is not finite (``_NO_INDEX`` if none)."""
+    Output tiles of ``8 x 32``; one parallel task = ``_TILES_PER_TASK`` consecutive tiles
+    (column panel major, so a task reuses its B panel from L1).  The micro-kernel yields
+    ``sum_k (qa+128) qb`` per output; then
+    ``acc = that - cb[j] * (128 + za[i]) - zb[j] * (ra[i] - K * za[i])``, which equals
+    ``sum_k (qa - za)(qb - zb)``.  ``bad_acc[task]`` / ``bad_fin[task]``: smallest flat
+    output index ``i * n + j`` of the task whose accumulator leaves int32 / whose result
+    is not finite (``_NO_INDEX`` if none)."""
     nrg = mp // _MR
     npanel = np_ // _NR
     kq = kp // 4
     kk64 = np.int64(kk)
-    for tile in prange(nrg * npanel):
-        p = tile // nrg
-        rg = tile % nrg
+    ntiles = nrg * npanel
+    ntask = (ntiles + _TILES_PER_TASK - 1) // _TILES_PER_TASK
+    for task in prange(ntask):
         tmp = np.empty(_MR * _NR, dtype=np.int32)
-        acc = np.zeros(_MR * _NR, dtype=np.int64)
-        for q0 in range(0, kq, _VNNI_KCHUNK_Q):
-            nq = min(kq - q0, _VNNI_KCHUNK_Q)
-            _vnni_tile(ap, rg * _MR * kp + 4 * q0, kp, bp, (p * kq + q0) * 128, nq, tmp)
-            for e in range(_MR * _NR):
-                acc[e] += np.int64(tmp[e])
+        acc = np.empty(_MR * _NR, dtype=np.int64)
         ba = _NO_INDEX
         bf = _NO_INDEX
-        for r in range(_MR):
-            i = rg * _MR + r
-            if i >= m:
-                break
-            for col in range(_NR):
-                j = p * _NR + col
-                if j >= n:
+        for tile in range(task * _TILES_PER_TASK, min(ntiles, (task + 1) * _TILES_PER_TASK)):
+            p = tile // nrg
+            rg = tile % nrg
+            if kq <= _VNNI_KCHUNK_Q:
+                _vnni_tile(ap, rg * _MR * kp, kp, bp, p * kq * 128, kq, tmp)
+                for e in range(_MR * _NR):
+                    acc[e] = tmp[e]
+            else:
+                for e in range(_MR * _NR):
+                    acc[e] = 0
+                for q0 in range(0, kq, _VNNI_KCHUNK_Q):
+                    nq = min(kq - q0, _VNNI_KCHUNK_Q)
+                    _vnni_tile(ap, rg * _MR * kp + 4 * q0, kp, bp, (p * kq + q0) * 128, nq, tmp)
+                    for e in range(_MR * _NR):
+                        acc[e] += np.int64(tmp[e])
+            j0 = p * _NR
+            ncol = min(_NR, n - j0)
+            for r in range(_MR):
+                i = rg * _MR + r
+                if i >= m:
                     break
-                s = acc[r * _NR + col] - 128 * cb[j]
-                st = _finish(i, j, s, kk64, ra, cb, za, zb, sa, sb, out)
-                if st == 1:
-                    ba = min(ba, i * n + j)
-                elif st == 2:
-                    bf = min(bf, i * n + j)
-        bad_acc[tile] = ba
-        bad_fin[tile] = bf
+                u = 128 + za[i]
+                v = ra[i] - kk64 * za[i]
+                si = sa[i]
+                flag = False
+                for col in range(ncol):
+                    j = j0 + col
+                    a = acc[r * _NR + col] - cb[j] * u - zb[j] * v
+                    o = (si * sb[j]) * np.float64(a)
+                    out[i, j] = o
+                    flag |= (a < _INT32_MIN) | (a > _INT32_MAX) | ((o - o) != 0.0)
+                if flag:
+                    for col in range(ncol):
+                        j = j0 + col
+                        a = acc[r * _NR + col] - cb[j] * u - zb[j] * v
+                        if a < _INT32_MIN or a > _INT32_MAX:
+                            ba = min(ba, i * n + j)
+                            out[i, j] = 0.0
+                        elif not np.isfinite(out[i, j]):
+                            bf = min(bf, i * n + j)
+        bad_acc[task] = ba
+        bad_fin[task] = bf

@@ -385,8 +385,9 @@ def int8_gemm(a, b) -> np.ndarray:
         _kq.pack_a_u8(qa, mp, kp, ap, ra)
         _kq.pack_b_vnni(qb, np_, kp, bp, cb)
         ntiles = (mp // mr) * (np_ // nr)
-        bad_acc = np.empty(ntiles, dtype=np.int64)
-        bad_fin = np.empty(ntiles, dtype=np.int64)
+        ntask = -(-ntiles // _kq._TILES_PER_TASK)
+        bad_acc = np.empty(ntask, dtype=np.int64)
+        bad_fin = np.empty(ntask, dtype=np.int64)
         _kq.gemm_vnni(ap, bp, m, n, k, mp, np_, kp, ra, cb, za, zb, sa, sb, out,
                       bad_acc, bad_fin)
         first_acc = int(bad_acc.min())
