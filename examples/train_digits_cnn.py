@@ -13,7 +13,7 @@ The recipe of ``HMath.DeepLearning.Precision``:
 The scale starts at 2**24, far too high for FP16 gradients, so the first steps overflow
 and are visibly skipped while the scaler backs off.
 
-Model: conv 1->16 k3 p1, group norm (4 groups, affine), ReLU, max-pool 2, conv 16->32 k3 p1,
+Model: conv 1->16 k3 p1, batch norm (affine, running statistics), ReLU, max-pool 2, conv 16->32 k3 p1,
 ReLU, max-pool 2, dropout 0.2, dense 128->10.  Data: ``sklearn.datasets.load_digits``
 (1,797 8x8 images, no download), 80/20 train/test split.
 
@@ -38,8 +38,6 @@ from hmath_dl.activations import Activation
 from hmath_dl.errors import NumericOverflow
 
 CONV = L.ConvOptions(stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
-NAMES = ["conv1.w", "conv1.b", "norm1.gamma", "norm1.beta", "conv2.w", "conv2.b",
-         "dense.w", "dense.b"]
 
 
 def parse_args(argv=None):
@@ -76,16 +74,16 @@ def init_params(rng):
     w1, rng = L.initialize_weights(L.KaimingNormal(), 9, 16 * 9, (16, 1, 3, 3), rng)
     w2, rng = L.initialize_weights(L.KaimingNormal(), 16 * 9, 32 * 9, (32, 16, 3, 3), rng)
     w3, rng = L.initialize_weights(L.XavierUniform(), 128, 10, (10, 128), rng)
-    params = [w1, np.zeros(16), np.ones((1, 16, 1, 1)), np.zeros((1, 16, 1, 1)),
-              w2, np.zeros(32), w3, np.zeros(10)]
+    params = [w1, np.zeros(16), np.ones(16), np.zeros(16), w2, np.zeros(32), w3, np.zeros(10)]
     return params, rng
 
 
-def forward(weights, x, rng, training):
-    """Logits [B, 10] from ADTensor weights; returns (logits, rng)."""
+def forward(weights, bn_state, x, rng, training):
+    """Logits [B, 10] from ADTensor weights; returns (logits, bn_state, rng)."""
     w1, b1, gamma, beta, w2, b2, w3, b3 = weights
+    mode = L.Mode.TRAINING if training else L.Mode.INFERENCE
     h = L.convolution_ad(CONV, ad.constant(x), w1, b1)
-    h = L.group_norm_ad(4, 1e-5, h) * gamma + beta
+    h, bn_state = L.batch_norm_ad(mode, 0.1, 1e-5, gamma, beta, bn_state, h)
     h = ad.activate(Activation.RELU, h)
     h = L.pooling_ad(L.PoolMode.MAX, (2, 2), (2, 2), (0, 0), h)
     h = L.convolution_ad(CONV, h, w2, b2)
@@ -93,24 +91,23 @@ def forward(weights, x, rng, training):
     h = L.pooling_ad(L.PoolMode.MAX, (2, 2), (2, 2), (0, 0), h)
     h = ad.reshape(h, (x.shape[0], 128))
     if training:
-        _, mask, rng = L.dropout(L.Mode.TRAINING, 0.2, rng, h.value)
-        h = h * ad.constant(mask)
-    return L.dense_ad(h, w3, b3), rng
+        h, _, rng = L.dropout_ad(L.Mode.TRAINING, 0.2, rng, h)
+    return L.dense_ad(h, w3, b3), bn_state, rng
 
 
-def accuracy(params, precision, x, y, batch=512):
+def accuracy(params, bn_state, precision, x, y, batch=512):
     weights = [ad.constant(P.round_to_precision(precision, p)) for p in params]
     correct = 0
     for i in range(0, len(y), batch):
-        logits, _ = forward(weights, x[i:i + batch], None, training=False)
+        logits, _, _ = forward(weights, bn_state, x[i:i + batch], None, training=False)
         correct += int((np.argmax(logits.value, axis=1) == y[i:i + batch]).sum())
     return correct / len(y)
 
 
-def train_step(params, opt, scaler, precision, xb, yb, rng, args):
-    """One mixed-precision step; returns (params, opt, scaler, loss, skipped, rng)."""
+def train_step(params, opt, bn_state, scaler, precision, xb, yb, rng, args):
+    """One mixed-precision step; returns (params, opt, bn_state, scaler, loss, skipped, rng)."""
     variables = [ad.variable(P.round_to_precision(precision, p)) for p in params]
-    logits, rng = forward(variables, xb, rng, training=True)
+    logits, new_bn_state, rng = forward(variables, bn_state, xb, rng, training=True)
     loss = ad.cross_entropy(logits, yb)
     scaled_loss = loss * scaler.loss_scale          # == scale_loss(scaler, loss.value)
     try:
@@ -124,8 +121,9 @@ def train_step(params, opt, scaler, precision, xb, yb, rng, args):
         grads = P.clip_gradients(args.max_norm, grads)
         params, opt = optim.adamw_step(opt, params, grads, lr=args.lr,
                                        weight_decay=args.weight_decay)
+        bn_state = new_bn_state
     scaler = P.update_loss_scaler(finite, scaler)
-    return params, opt, scaler, float(loss.value), not finite, rng
+    return params, opt, bn_state, scaler, float(loss.value), not finite, rng
 
 
 def plot(history, path):
@@ -165,6 +163,7 @@ def main(argv=None):
     (xtr, ytr), (xte, yte), rng = load_data(rng)
     params, rng = init_params(rng)
     opt = optim.adamw_init(params)
+    bn_state = L.BatchNormState.initial(16)
     scaler = P.initial_loss_scaler(args.initial_scale, args.growth_interval)
     epochs = 1 if args.smoke else args.epochs
     steps_per_epoch = -(-len(ytr) // args.batch)
@@ -183,16 +182,16 @@ def main(argv=None):
         for s in bar:
             idx = order[s * args.batch:(s + 1) * args.batch]
             history["scale"].append(scaler.loss_scale)
-            params, opt, scaler, loss, skipped, rng = train_step(
-                params, opt, scaler, precision, xtr[idx], ytr[idx], rng, args)
+            params, opt, bn_state, scaler, loss, skipped, rng = train_step(
+                params, opt, bn_state, scaler, precision, xtr[idx], ytr[idx], rng, args)
             history["loss"].append(loss)
             history["skipped"].append(skipped)
             skipped_epoch += skipped
             losses.append(loss)
             bar.set_postfix(loss=f"{loss:.3f}", scale=f"{scaler.loss_scale:g}")
         total_skipped += skipped_epoch
-        train_acc = accuracy(params, precision, xtr, ytr)
-        test_acc = accuracy(params, precision, xte, yte)
+        train_acc = accuracy(params, bn_state, precision, xtr, ytr)
+        test_acc = accuracy(params, bn_state, precision, xte, yte)
         history["eval_step"].append(len(history["loss"]) - 1)
         history["train_acc"].append(train_acc)
         history["test_acc"].append(test_acc)
