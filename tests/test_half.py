@@ -343,6 +343,36 @@ def test_reduced_gemm_no_fused_multiply_add():
     assert same_bits(got, expect)
 
 
+@pytest.mark.parametrize("p", [FP16, BF16])
+def test_fused_and_separate_kernels_agree_bitwise(p, monkeypatch):
+    # the exact-FMA fast path must be invisible: same bits as the separate multiply/add
+    import hmath_dl.precision.half as half_mod
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((20, 333)) * np.exp2(rng.uniform(-12, 12, (20, 333)))
+    b = rng.standard_normal((333, 75)) * np.exp2(rng.uniform(-12, 12, (333, 75)))
+    fused = reduced_gemm(p, a, b)
+    monkeypatch.setattr(half_mod, "ALLOW_EXACT_FMA", False)
+    separate = reduced_gemm(p, a, b)
+    assert same_bits(fused, separate)
+    expect, _ = _oracle_gemm(p, a[:4], b)
+    assert same_bits(fused[:4], expect)
+
+
+def test_exact_fma_guard_catches_product_overflow_hidden_by_cancellation():
+    # k=0: acc = -2**127; k=1: p = fl32(2**100 * 2**28) = +inf, so acc = inf: overflow.
+    # A fused a*b + acc would give the finite 2**127 and hide it.
+    a = np.array([[1.0, 2.0 ** 100]])
+    b = np.array([[-(2.0 ** 127)], [2.0 ** 28]])
+    _, overflow = ref.reduced_gemm_f32(a, b)
+    assert overflow
+    raises(NumericOverflow, "reduced_gemm", reduced_gemm, BF16, a, b)
+
+
+def test_nonfinite_reported_before_overflow():
+    raises(NonFiniteError, "reduced_gemm", reduced_gemm, FP16, [[1e6]], [[np.nan]])
+    raises(NonFiniteError, "round_to_bits", round_to_bits, FP16, [1e6, np.inf])
+
+
 def test_reduced_gemm_order_is_k_ascending():
     # 2**24 + 1 + 1 in float32 ascending gives 2**24 (each +1 is a tie to even);
     # the reverse order would give 2**24 + 2.

@@ -6,6 +6,14 @@ For every output ``acc = +0.0f`` and ``acc = fl32(acc + fl32(a[i,k] * b[k,j]))``
 plain ``fmul``/``fadd`` (no fast-math flags, so LLVM may neither contract them into an FMA
 nor reorder them).
 
+Exact-FMA fast path: a product of two FP16 values (11 + 11 significant bits) or of two BF16
+values (8 + 8 bits) has at most 22 significant bits, so it is EXACT in float32 unless it
+overflows or falls below float32's normal range (2**-126).  When every product is exact,
+``fma(a, b, acc) = RN(a*b + acc) = RN(fl32(a*b) + acc)`` bit for bit (signed zeros
+included), so the fused micro-kernel gives exactly the specified result at twice the
+arithmetic throughput.  The facade proves exactness from the operands' magnitude ranges
+(always true for FP16) and otherwise runs the separate multiply/add kernel.
+
 Blocking (the k order of every output is unchanged by it): ``b`` is packed into panels of
 ``NR = 16*NV`` columns (``bp[k, c] = b[k, jb*NR + c]``, zero-padded); ``a`` is read in
 place, ``MR`` rows at a time.  The micro-kernel keeps an
@@ -17,6 +25,7 @@ split over (panel, row-block) tiles: results are bitwise identical for any threa
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._jit import kernel
@@ -29,14 +38,27 @@ MIN_TASKS = 8         # split the rows when there are fewer column panels than t
 MIN_GROUP = 16        # but keep at least this many row blocks per task
 
 
-@intrinsic
-def _micro_tile(typingctx, ap, a_off, lda, rows, bp, b_off, cp, c_off, k_count, ldc):
+def _micro_tile_codegen(fused):
+    """The micro-kernel intrinsic; ``fused`` selects ``fma(a, b, acc)`` instead of
+    ``fadd(acc, fmul(a, b))`` (identical results whenever every product is exact in
+    float32: see :func:`gemm_f32_seq`)."""
+
+    def micro_tile(typingctx, ap, a_off, lda, rows, bp, b_off, cp, c_off, k_count, ldc):
+        return _micro_signature(ap, bp, cp), _codegen(fused)
+
+    return micro_tile
+
+
+def _micro_signature(ap, bp, cp):
+    return types.void(ap, types.intp, types.intp, types.intp, bp, types.intp, cp, types.intp,
+                      types.intp, types.intp)
+
+
+def _codegen(fused):
     """C[0:MR, 0:NR] (float32, row stride ``ldc``, at ``cp + c_off``) = the sequential-k
     float32 product of the A rows at ``ap + a_off + r*lda`` (r < ``rows``; rows beyond
     repeat the last valid one, their results are ignored by the caller) and the packed B
     panel at ``bp + b_off`` ([K, NR])."""
-    sig = types.void(ap, types.intp, types.intp, types.intp, bp, types.intp, cp, types.intp,
-                     types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
         ap_v, a_off_v, lda_v, rows_v, bp_v, b_off_v, cp_v, c_off_v, k_v, ldc_v = args
@@ -59,6 +81,8 @@ def _micro_tile(typingctx, ap, a_off, lda, rows, bp, b_off, cp, c_off, k_count, 
         zero = ir.Constant(vec, [0.0] * LANES)           # +0.0f
         mask0 = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
         undef_vec = ir.Constant(vec, ir.Undefined)
+        fma_fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32")
 
         entry = builder.basic_block
         loop = builder.append_basic_block("mk_loop")
@@ -85,8 +109,11 @@ def _micro_tile(typingctx, ap, a_off, lda, rows, bp, b_off, cp, c_off, k_count, 
             bc = builder.shuffle_vector(builder.insert_element(undef_vec, s, ir.Constant(i32, 0)),
                                         undef_vec, mask0)
             for v in range(NV):
-                prod = builder.fmul(bc, bvecs[v])        # fl32(a * b)
-                new_accs.append(builder.fadd(accs[r * NV + v], prod))   # fl32(acc + p)
+                if fused:                                # RN(a * b + acc)
+                    new_accs.append(builder.call(fma_fn, [bc, bvecs[v], accs[r * NV + v]]))
+                else:
+                    prod = builder.fmul(bc, bvecs[v])    # fl32(a * b)
+                    new_accs.append(builder.fadd(accs[r * NV + v], prod))   # fl32(acc + p)
         k_next = builder.add(k_phi, ir.Constant(i64, 1))
         k_phi.add_incoming(k_next, loop)
         for p, n in zip(accs, new_accs):
@@ -107,15 +134,24 @@ def _micro_tile(typingctx, ap, a_off, lda, rows, bp, b_off, cp, c_off, k_count, 
                 builder.store(results[r * NV + v], q, align=4)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+_micro_tile = intrinsic(_micro_tile_codegen(False))
+_micro_tile_fma = intrinsic(_micro_tile_codegen(True))
 
 
 @kernel
-def gemm_f32_seq(a, b, out):
+def gemm_f32_seq(a, b, out, fused):
     """``out[i, j] = float64(acc)`` as described in the module docstring.  ``a`` [M, K] and
     ``b`` [K, N] are C-contiguous float32 (K >= 1), ``out`` [M, N] float64.  Returns the
     first flat index of a non-finite output (a product or the accumulator reached +-inf),
     or -1.
+
+    ``fused``: use ``fma(a, b, acc)``.  ONLY valid (bit-identical to the separate multiply
+    and add) when every product ``a[i,k] * b[k,j]`` is exact in float32, i.e. neither
+    overflows nor loses bits below 2**-126: then ``RN(a*b + acc) = RN(fl32(a*b) + acc)``
+    exactly, including signed zeros.  The caller proves that from the operands' ranges.
 
     One parallel loop over tasks (column panel ``jb``, group of row blocks): each
     task packs its B panel into a private buffer, then runs the micro-kernel over its row
@@ -145,7 +181,10 @@ def gemm_f32_seq(a, b, out):
         for ib in range(g * group, min(mb, (g + 1) * group)):
             i0 = ib * MR
             rows = min(MR, M - i0)
-            _micro_tile(flat_a, i0 * K, K, rows, panel, 0, tile, 0, K, NR)
+            if fused:
+                _micro_tile_fma(flat_a, i0 * K, K, rows, panel, 0, tile, 0, K, NR)
+            else:
+                _micro_tile(flat_a, i0 * K, K, rows, panel, 0, tile, 0, K, NR)
             for r in range(rows):
                 for c in range(width):
                     v = np.float64(tile[r * NR + c])

@@ -114,12 +114,16 @@ def bits_to_float(bits, out, mbits, bias):
 
 
 @helper
-def round_to_float32(flat, out, mbits, bias):
+def round_to_float32(flat, out, mbits, bias, stats):
     """Round the 1-D float64 array ``flat`` (finite values) to the 16-bit format and write
     the (exactly representable) float32 values into ``out``, the int32 view of a float32
     array.  Returns -2 if some entry is NaN/inf, else the first flat index whose value
-    overflows to +-inf, else -1."""
+    overflows to +-inf, else -1.  ``stats`` (int64[2]) receives the largest magnitude
+    pattern (``r & 0x7FFF``) and the smallest non-zero one (0x7FFF if all are zero):
+    magnitudes order like their patterns."""
     n = flat.shape[0]
+    mag_max = np.int64(0)
+    mag_min = np.int64(0x7FFF)
     inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
     u = flat.view(np.int64)
     over = np.int64(0)
@@ -129,6 +133,9 @@ def round_to_float32(flat, out, mbits, bias):
             r = _round_one(u[i], mbits, bias)
             over |= np.int64((r & 0x7FFF) >= inf_pattern)
             nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
+            mag = r & 0x7FFF
+            mag_max = max(mag_max, mag)
+            mag_min = min(mag_min, mag if mag != 0 else np.int64(0x7FFF))
             out[i] = np.int32(r << 16)
     else:
         frac_mask = (np.int64(1) << mbits) - 1
@@ -136,6 +143,9 @@ def round_to_float32(flat, out, mbits, bias):
             r = _round_one(u[i], mbits, bias)
             over |= np.int64((r & 0x7FFF) >= inf_pattern)
             nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
+            mag = r & 0x7FFF
+            mag_max = max(mag_max, mag)
+            mag_min = min(mag_min, mag if mag != 0 else np.int64(0x7FFF))
             sign = ((r >> 15) & 1) << 31
             expo = (r & 0x7FFF) >> mbits
             frac = r & frac_mask
@@ -147,6 +157,8 @@ def round_to_float32(flat, out, mbits, bias):
             else:
                 f = sign | ((expo - bias + 127) << 23) | (frac << (23 - mbits))
             out[i] = np.int32(f)
+    stats[0] = mag_max
+    stats[1] = mag_min
     if nonfinite != 0:
         return np.int64(-2)
     if over != 0:

@@ -192,14 +192,47 @@ def round_to_precision(precision, x) -> np.ndarray:
 
 
 def _round_float32(fname: str, precision: Precision, arr: np.ndarray):
-    """(float32 copy of ``arr`` rounded to ``precision``, kernel status): every 16-bit
-    value is a float32; status -2 = NaN/inf present, >= 0 first overflow, -1 fine."""
+    """(float32 copy of ``arr`` rounded to ``precision``, kernel status, magnitude range):
+    every 16-bit value is a float32; status -2 = NaN/inf present, >= 0 first overflow,
+    -1 fine; the range is (largest |value|, smallest non-zero |value| or None)."""
     mbits, bias, _ = _FORMAT[precision]
     out = _checks.alloc(fname, arr.shape, np.float32)
     if arr.size == 0:
-        return out, -1
-    status = int(_khalf.round_to_float32(arr.reshape(-1), out.reshape(-1).view(np.int32), mbits, bias))
-    return out, status
+        return out, -1, (0.0, None)
+    stats = np.zeros(2, dtype=np.int64)
+    status = int(_khalf.round_to_float32(arr.reshape(-1), out.reshape(-1).view(np.int32),
+                                         mbits, bias, stats))
+    if status != -1:
+        return out, status, None
+    hi, lo = (float(v) for v in _decode_magnitudes(precision, stats))
+    return out, status, (hi, None if int(stats[1]) == 0x7FFF else lo)
+
+
+def _decode_magnitudes(precision, patterns):
+    """Decode magnitude patterns (the all-zero marker 0x7FFF decodes as 0, ignored)."""
+    mbits, bias, _ = _FORMAT[precision]
+    pats = np.ascontiguousarray(patterns, dtype=np.int64)
+    out = np.empty(pats.shape, dtype=np.float64)
+    _khalf.bits_to_float(pats, out.view(np.int64), mbits, bias)
+    return out
+
+
+# Every product of two 16-bit values has at most 22 significant bits, so it is exact in
+# float32 when its magnitude lies in [2**-126, 2**128) (or it is 0).  Then
+# fma(a, b, acc) == fl32(acc + fl32(a * b)) bit for bit, and the fused kernel is used.
+_F32_MIN_NORMAL = 2.0 ** -126
+_F32_OVERFLOW = 2.0 ** 128
+ALLOW_EXACT_FMA = True
+
+
+def _products_exact(range_a, range_b) -> bool:
+    if not ALLOW_EXACT_FMA:
+        return False
+    (hi_a, lo_a), (hi_b, lo_b) = range_a, range_b
+    if lo_a is None or lo_b is None:          # an all-zero operand: every product is +-0
+        return True
+    # all magnitudes are 16-bit values: these float64 products are exact
+    return hi_a * hi_b < _F32_OVERFLOW and lo_a * lo_b >= _F32_MIN_NORMAL
 
 
 def reduced_gemm(precision, a, b) -> np.ndarray:
@@ -245,8 +278,8 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
     m, k = a.shape
     n = b.shape[1]
     out = _checks.alloc(fname, (m, n), np.float64)
-    a32, status_a = _round_float32(fname, precision, a)
-    b32, status_b = _round_float32(fname, precision, b)
+    a32, status_a, range_a = _round_float32(fname, precision, a)
+    b32, status_b, range_b = _round_float32(fname, precision, b)
     if status_a == -2:                   # non-finite input is reported before any overflow
         _checks.require_finite(fname, "a", a)
     if status_b == -2:
@@ -260,7 +293,8 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
     if k == 0:
         out[...] = 0.0
         return out
-    bad = int(_kgemm.gemm_f32_seq(a32, b32, out))
+    fused = _products_exact(range_a, range_b)
+    bad = int(_kgemm.gemm_f32_seq(a32, b32, out, fused))
     if bad >= 0:
         i, j = _where(out.shape, bad)
         raise NumericOverflow(
