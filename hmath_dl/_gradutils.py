@@ -9,6 +9,7 @@ a list of numbers is a list of 0-d gradients).
 
 from __future__ import annotations
 
+import math
 from typing import List, Tuple
 
 import numpy as np
@@ -48,16 +49,40 @@ def restore_structure(arrays: List[np.ndarray], was_single: bool):
     return arrays[0] if was_single else list(arrays)
 
 
+_NONFINITE_BITS = 0x7FF0000000000000
+
+
 def _norm(fname: str, arrays: List[np.ndarray]) -> float:
-    nonempty = [a.reshape(-1) for a in arrays if a.size]
-    if not nonempty:
+    """Norm of already-normalised arrays (NaN/inf detected here: NonFiniteError)."""
+    flats = [a.reshape(-1) for a in arrays if a.size]
+    if not flats:
         return 0.0
-    flat = nonempty[0] if len(nonempty) == 1 else np.concatenate(nonempty)
-    norm = float(_kgradnorm.euclidean_norm(flat))
-    if not np.isfinite(norm):
+    top = 0
+    for i, f in enumerate(flats):
+        bits = int(_kgradnorm.max_abs_bits(f))
+        if bits >= _NONFINITE_BITS:
+            for j, a in enumerate(arrays):
+                _checks.require_finite(fname, "grads" if len(arrays) == 1 else f"grads[{j}]", a)
+        top = max(top, bits)
+    if top == 0:
+        return 0.0
+    amax = float(np.int64(top).view(np.float64))
+    _, e = math.frexp(amax)
+    half = -e // 2
+    s1 = math.ldexp(1.0, half)
+    s2 = math.ldexp(1.0, -e - half)
+    total = 0.0
+    for f in flats:                                  # fixed order: array by array
+        total += float(_kgradnorm.scaled_sum_squares(f, s1, s2))
+    root = math.sqrt(total)
+    try:
+        norm = math.ldexp(root, e)
+    except OverflowError:
+        norm = math.inf
+    if not math.isfinite(norm):
         raise NumericOverflow(
             f"{fname}: the Euclidean norm of grads exceeds the largest double "
-            f"(largest |entry| {float(np.max(np.abs(flat)))!r}; expected a norm <= 1.7976931348623157e+308)")
+            f"(largest |entry| {amax!r}; expected a norm <= 1.7976931348623157e+308)")
     return norm
 
 
@@ -67,7 +92,7 @@ def gradient_norm(grads) -> float:
     ``sqrt(sum_i g_i**2)``, computed as ``2**e * sqrt(sum_i (g_i * 2**-e)**2)`` with
     ``2**e`` the power of two just above ``max |g_i|`` (scaling as LAPACK's ``dnrm2``), so
     entries like ``1e200`` do not overflow in the squares.  The summation order is fixed
-    (chunks of 8192 entries with 8 interleaved lanes, combined in order), hence bitwise
+    (per array, 8 interleaved lanes combined pairwise; arrays in order), hence bitwise
     identical for any thread count.
 
     Parameters
@@ -89,7 +114,7 @@ def gradient_norm(grads) -> float:
         An entry is not numeric.
     """
     fname = "gradient_norm"
-    arrays, _ = as_gradient_list(fname, grads)
+    arrays, _ = as_gradient_list(fname, grads, finite=False)     # finiteness checked by _norm
     return _norm(fname, arrays)
 
 
@@ -124,7 +149,7 @@ def clip_gradients(max_norm, grads):
     """
     fname = "clip_gradients"
     max_norm = _checks.real(fname, "max_norm", max_norm, positive=True)
-    arrays, was_single = as_gradient_list(fname, grads)
+    arrays, was_single = as_gradient_list(fname, grads, finite=False)   # checked by _norm
     norm = _norm(fname, arrays)
     if norm > max_norm:
         factor = max_norm / norm
