@@ -134,32 +134,74 @@ def quant_params_tensor(x, symmetric, scales, zps):
     return -1 if ok else 0
 
 
+@helper
+def _quant_run(x, out, f0, f1, s, z, qlo):
+    """``out[f] = clip(rne(x[f] / s) + z, qlo, 127)`` for ``f0 <= f < f1`` (one scale)."""
+    for f in range(f0, f1):
+        v = np.rint(x[f] / s) + z
+        if v < qlo:
+            v = qlo
+        if v > 127.0:
+            v = 127.0
+        out[f] = np.int8(v)
+
+
+@helper
+def _quant_run_channels(x, out, f0, f1, c0, scales, zps, qlo):
+    """Like ``_quant_run`` when consecutive elements are consecutive channels
+    (``inner == 1``): element ``f`` uses channel ``c0 + f - f0``."""
+    for f in range(f0, f1):
+        c = c0 + f - f0
+        v = np.rint(x[f] / scales[c]) + np.float64(zps[c])
+        if v < qlo:
+            v = qlo
+        if v > 127.0:
+            v = 127.0
+        out[f] = np.int8(v)
+
+
 @kernel
 def quantize_apply(x, nch, inner, symmetric, scales, zps, out):
-    """``out[f] = clip(rne(x[f] / scale) (+ zp), lo, hi)`` with the channel's scale."""
+    """``out[f] = clip(rne(x[f] / scale) + zp, lo, 127)`` with the channel's scale and zero
+    point (``zp = 0``, ``lo = -127`` for symmetric; adding ``0.0`` changes no result).
+
+    Work is split in flat chunks; inside a chunk, runs of elements sharing a channel (or,
+    for ``inner == 1``, runs of consecutive channels) go through branch-free loops."""
     n = x.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     qlo = -127.0 if symmetric else -128.0
     for ch in prange(nchunks):
         start = ch * _CHUNK
         stop = min(n, start + _CHUNK)
-        c = (start // inner) % nch
-        t = start % inner
-        for f in range(start, stop):
-            v = np.rint(x[f] / scales[c])
-            if not symmetric:
-                v = v + np.float64(zps[c])
-            if v < qlo:
-                v = qlo
-            elif v > 127.0:
-                v = 127.0
-            out[f] = np.int8(v)
-            t += 1
-            if t == inner:
-                t = 0
-                c += 1
-                if c == nch:
-                    c = 0
+        f = start
+        if inner == 1:
+            while f < stop:
+                c = f % nch
+                e = min(stop, f + (nch - c))
+                _quant_run_channels(x, out, f, e, c, scales, zps, qlo)
+                f = e
+        else:
+            while f < stop:
+                row = f // inner
+                c = row % nch
+                e = min(stop, (row + 1) * inner)
+                _quant_run(x, out, f, e, scales[c], np.float64(zps[c]), qlo)
+                f = e
+
+
+@helper
+def _dequant_run(q, out, f0, f1, c0, step, scales, zps):
+    """``out[f] = scale * (q[f] - zp)`` for ``f0 <= f < f1``, channel ``c0 + step*(f-f0)``
+    (``step`` 0: one channel; 1: consecutive channels).  Returns True if some result is
+    not finite."""
+    bad = False
+    for f in range(f0, f1):
+        c = c0 + step * (f - f0)
+        d = np.int64(q[f]) - zps[c]
+        v = scales[c] * np.float64(d)
+        out[f] = v
+        bad |= (v - v) != 0.0
+    return bad
 
 
 @kernel
@@ -168,27 +210,30 @@ def dequantize_apply(q, nch, inner, scales, zps, out):
     whose result is not finite, or -1."""
     n = q.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.full(nchunks, -1, dtype=np.int64)
+    bad = np.zeros(nchunks, dtype=np.bool_)
     for ch in prange(nchunks):
         start = ch * _CHUNK
         stop = min(n, start + _CHUNK)
-        c = (start // inner) % nch
-        t = start % inner
-        for f in range(start, stop):
-            d = np.int64(q[f]) - zps[c]
-            v = scales[c] * np.float64(d)
-            out[f] = v
-            if bad[ch] < 0 and not np.isfinite(v):
-                bad[ch] = f
-            t += 1
-            if t == inner:
-                t = 0
-                c += 1
-                if c == nch:
-                    c = 0
+        f = start
+        flag = False
+        if inner == 1:
+            while f < stop:
+                c = f % nch
+                e = min(stop, f + (nch - c))
+                flag |= _dequant_run(q, out, f, e, c, 1, scales, zps)
+                f = e
+        else:
+            while f < stop:
+                row = f // inner
+                e = min(stop, (row + 1) * inner)
+                flag |= _dequant_run(q, out, f, e, row % nch, 0, scales, zps)
+                f = e
+        bad[ch] = flag
     for ch in range(nchunks):
-        if bad[ch] >= 0:
-            return bad[ch]
+        if bad[ch]:
+            for f in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
+                if not np.isfinite(out[f]):
+                    return f
     return -1
 
 
