@@ -298,6 +298,16 @@ def test_quantized_tensor_equality_hash_repr():
     assert len(r) < 300
 
 
+def test_quantized_tensor_pickle_and_copy_keep_invariants():
+    import copy
+    import pickle
+    q = quantize(ASYM, 0, np.random.default_rng(13).standard_normal((4, 3)))
+    for r in (pickle.loads(pickle.dumps(q)), copy.deepcopy(q), copy.copy(q)):
+        assert r == q
+        for arr in (quantized_values(r), quantization_scales(r), quantization_zero_points(r)):
+            assert not arr.flags.writeable
+
+
 def test_quantized_tensor_constructor_rejects_invalid_state():
     ok = (np.zeros((2, 2), np.int8), np.ones(1), np.zeros(1, np.int64))
     q = QuantizedTensor(SYM, None, *ok)

@@ -107,6 +107,11 @@ class QuantizedTensor:
                 arr = _checks.owned_readonly(arr)
                 object.__setattr__(self, name, arr)
 
+    def __reduce__(self):
+        # pickle / copy go through the constructor, so restored arrays are read-only too
+        return (QuantizedTensor, (self.mode, self.axis, self._values, self._scales,
+                                  self._zero_points))
+
     @property
     def shape(self) -> Tuple[int, ...]:
         """Shape of the quantized tensor (a tuple of ints)."""
