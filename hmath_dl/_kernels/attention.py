@@ -19,11 +19,14 @@ Entry points
       completely (their previous contents do not matter).
 
     Per row ``(b, i)``: ``s_j = (sum_d q[b,i,d] * k[b,j,d]) / sqrt(D) + bias[., i, j]`` for
-    every allowed key ``j`` (the dot product summed in increasing ``d``; masked keys are
-    never evaluated), ``m = max_j s_j``, ``e_j = exp(s_j - m)``, ``t = sum_j e_j`` (increasing
-    ``j``), ``weights[b,i,j] = e_j / t`` (exact 0 for masked keys), ``out[b,i,f] =
-    sum_j weights[b,i,j] * v[b,j,f]`` over allowed keys in increasing ``j``.  A row without
-    an allowed key is exact zeros in both outputs.
+    every allowed key ``j`` (the dot product summed in increasing ``d`` from 0.0; masked
+    keys are never scored, so an overflow there does not matter), ``m = max_j s_j``,
+    ``e_j = exp(s_j - m)`` (a vectorised polynomial exp, at most 1 ulp, see
+    ``_exp_shifted``), ``t = sum_j e_j`` (increasing ``j``), ``weights[b,i,j] = e_j / t``
+    (exact 0 for masked keys), ``out[b,i,f] = sum_j weights[b,i,j] * v[b,j,f]`` in increasing
+    ``j`` from 0.0 (over a key range that covers the allowed keys; masked keys add their
+    exact-zero weight times a finite value).  A row without an allowed key is exact zeros
+    in both outputs.
 
     Returns ``(0, -1)`` on success, ``(1, r)`` when an allowed score of flat row
     ``r = b * N + i`` is not finite (``q . k`` or ``+ bias`` overflowed), ``(2, r)`` when an
@@ -73,22 +76,22 @@ def _row_range(mrow):
 
 
 @helper
-def _exp_nonpositive(x, bits):
-    """x[j] <- exp(x[j]) in place, for x[j] <= 0 (finite or -inf); ``bits`` is int64 scratch
-    at least as long as ``x``.
+def _exp_shifted(x, shift, bits):
+    """x[j] <- exp(x[j] - shift) in place, for x[j] <= shift (``x[j]`` may be -inf);
+    ``bits`` is int64 scratch at least as long as ``x``.
 
-    Vectorisable: Cody-Waite reduction ``x = k ln2 + r`` (|r| <= ln2/2, k = round(x/ln2)),
+    Vectorisable: Cody-Waite reduction ``t = k ln2 + r`` (|r| <= ln2/2, k = round(t/ln2)),
     degree-13 Taylor polynomial of ``exp(r)`` in Horner form, times ``2**k`` assembled from
     its bits.  Plain IEEE operations in a fixed order (no FMA contraction), so the result is
     the same bits on every machine; error at most 1 ulp against the correctly rounded
-    value.  ``x < -708`` (where ``2**k`` would be subnormal) takes the libm path."""
+    value.  ``t < -708`` (where ``2**k`` would be subnormal) takes the libm path."""
     n = x.shape[0]
     under = 0
     for j in range(n):
-        t = x[j]
-        low = t < -708.0
+        t0 = x[j] - shift
+        low = t0 < -708.0
         under += low
-        t = -708.0 if low else t
+        t = -708.0 if low else t0
         kf = (t * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0
         r = (t - kf * 6.93147180369123816490e-01) - kf * 1.90821492927058770002e-10
         p = 1.6059043836821613e-10
@@ -105,12 +108,8 @@ def _exp_nonpositive(x, bits):
         p = p * r + 0.5
         p = p * r + 1.0
         p = p * r + 1.0
-        if low:
-            t = x[j]
-        x[j] = p
+        x[j] = t0 if low else p
         bits[j] = (np.int64(kf) + 1023) << 52
-        if low:
-            x[j] = t
     scale = bits[:n].view(np.float64)
     if under == 0:
         for j in range(n):
@@ -254,21 +253,30 @@ def _values_block(v, b, blo, n, w0, w1, w2, w3, o0, o1, o2, o3):
 
 
 @helper
-def _softmax_row(sr, mr, br, dense, has_bias, sqrt_d, wr, bits):
+def _softmax_row(sr, mr, br, dense, has_bias, sqrt_d, inv_d, wr, bits):
     """Scores of one row's keys lo..hi -> normalised weights.
 
     ``sr`` holds ``q . k_j`` for the keys lo..hi (overwritten), ``mr``/``br`` are the mask and
     bias over the same keys (``br`` ignored unless ``has_bias``; ``mr`` ignored when
     ``dense``, i.e. every key in the range is allowed), ``wr`` receives the weights (exact 0
-    for masked keys), ``bits`` is int64 scratch.  Returns False when an allowed score is not
-    finite."""
+    for masked keys), ``bits`` is int64 scratch.  ``inv_d`` is ``1/sqrt_d`` when that is
+    exact (sqrt_d a power of two: then ``x * inv_d == x / sqrt_d`` bitwise), else 0.
+    Returns False when an allowed score is not finite."""
     n = sr.shape[0]
-    if has_bias:
-        for j in range(n):
-            sr[j] = sr[j] / sqrt_d + br[j]
+    if inv_d > 0.0:
+        if has_bias:
+            for j in range(n):
+                sr[j] = sr[j] * inv_d + br[j]
+        else:
+            for j in range(n):
+                sr[j] = sr[j] * inv_d
     else:
-        for j in range(n):
-            sr[j] = sr[j] / sqrt_d
+        if has_bias:
+            for j in range(n):
+                sr[j] = sr[j] / sqrt_d + br[j]
+        else:
+            for j in range(n):
+                sr[j] = sr[j] / sqrt_d
     mx = -np.inf
     if dense:
         acc = 0.0
@@ -279,8 +287,6 @@ def _softmax_row(sr, mr, br, dense, has_bias, sqrt_d, wr, bits):
         for j in range(n):
             if sr[j] > mx:
                 mx = sr[j]
-        for j in range(n):
-            sr[j] = sr[j] - mx
     else:
         for j in range(n):
             if mr[j]:
@@ -290,8 +296,8 @@ def _softmax_row(sr, mr, br, dense, has_bias, sqrt_d, wr, bits):
                 if x > mx:
                     mx = x
         for j in range(n):
-            sr[j] = sr[j] - mx if mr[j] else -np.inf
-    _exp_nonpositive(sr, bits)
+            sr[j] = sr[j] if mr[j] else -np.inf
+    _exp_shifted(sr, mx, bits)
     total = 0.0
     for j in range(n):
         total += sr[j]
@@ -307,18 +313,18 @@ def _zero(a):
 
 
 @helper
-def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits, status):
+def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits, lo, hi, dense,
+                  live, zw, scratch, status):
     """Rows i0 .. i0+nr-1 of batch b (see the module docstring)."""
     m_keys = kt.shape[2]
     f = v.shape[2]
     n_q = q.shape[1]
     has_mask = mask.shape[0] > 0
     has_bias = bias.shape[0] > 0
-    sqrt_d = np.sqrt(np.float64(q.shape[2]))
-    lo = np.empty(_QB, dtype=np.int64)
-    hi = np.empty(_QB, dtype=np.int64)
-    dense = np.empty(_QB, dtype=np.bool_)
-    live = np.empty(_QB, dtype=np.bool_)
+    d = q.shape[2]
+    sqrt_d = np.sqrt(np.float64(d))
+    # sqrt(D) is a power of two iff D is a power of four
+    inv_d = 1.0 / sqrt_d if (d & (d - 1)) == 0 and (d & 0x5555555555555555) != 0 else 0.0
     blo = m_keys
     bhi = -1
     for r in range(nr):
@@ -356,14 +362,13 @@ def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits
         br = bias[bb, i, a:z + 1] if has_bias else bias.reshape(-1)[0:0]
         _zero(wr[:a])
         _zero(wr[z + 1:])
-        if not _softmax_row(sr, mr, br, dense[r], has_bias, sqrt_d, wr[a:z + 1], bits):
+        if not _softmax_row(sr, mr, br, dense[r], has_bias, sqrt_d, inv_d, wr[a:z + 1], bits):
             status[b * n_q + i] = 1
             live[r] = False
             _zero(wr)
     # out = weights @ v over the keys blo..bhi, increasing j (weights of masked keys are
     # exact zeros, so they add nothing); rows that are not live write to scratch
-    zw = np.zeros(n, dtype=np.float64)
-    scratch = np.empty((_QB, v.shape[2]), dtype=np.float64)
+    zw = zw[:n]
     w0 = weights[b, i0, blo:bhi + 1] if live[0] else zw
     o0 = out[b, i0] if live[0] else scratch[0]
     w1 = weights[b, i0 + 1, blo:bhi + 1] if nr > 1 and live[1] else zw
@@ -405,14 +410,27 @@ def attention_forward(q, k, v, mask, bias, out, weights):
 
     nblk = (n_q + _QB - 1) // _QB
     status = np.zeros(nb * n_q, dtype=np.int8)
-    for t in prange(nb * nblk):
-        b = t // nblk
-        i0 = (t - b * nblk) * _QB
-        nr = min(n_q - i0, _QB)
+    # blocks are processed in a fixed number of contiguous chunks (scratch allocated once
+    # per chunk); no result depends on the chunking or on the thread count
+    total = nb * nblk
+    nchunk = min(total, 256)
+    for ch in prange(nchunk):
+        t0 = ch * total // nchunk
+        t1 = (ch + 1) * total // nchunk
         s = np.empty((_QB, m_keys), dtype=np.float64)
         bits = np.empty(m_keys, dtype=np.int64)
-        _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, b // gm, b // gb, s, bits,
-                      status)
+        lo = np.empty(_QB, dtype=np.int64)
+        hi = np.empty(_QB, dtype=np.int64)
+        dense = np.empty(_QB, dtype=np.bool_)
+        live = np.empty(_QB, dtype=np.bool_)
+        zw = np.zeros(m_keys, dtype=np.float64)
+        scratch = np.empty((_QB, v.shape[2]), dtype=np.float64)
+        for t in range(t0, t1):
+            b = t // nblk
+            i0 = (t - b * nblk) * _QB
+            nr = min(n_q - i0, _QB)
+            _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, b // gm, b // gb, s,
+                          bits, lo, hi, dense, live, zw, scratch, status)
     for r in range(nb * n_q):
         if status[r] != 0:
             return np.int64(status[r]), np.int64(r)
