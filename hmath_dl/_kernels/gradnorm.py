@@ -13,6 +13,9 @@ Serial kernels (memory-bound; they vectorise), so nothing depends on the thread 
 """
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from ._jit import helper
 
@@ -29,50 +32,66 @@ def max_abs_bits(flat):
     return m
 
 
+@intrinsic
+def _lanes_sum_squares(typingctx, flat, full, s1, s2, lanes):
+    """``lanes[l] = sum over i < full, i % 8 == l, in order, of ((flat[i] * s1) * s2)**2``
+    with one <8 x double> accumulator (plain fmul/fadd: no reassociation, no FMA)."""
+    sig = types.void(flat, types.intp, types.float64, types.float64, lanes)
+
+    def codegen(context, builder, signature, args):
+        flat_v, full_v, s1_v, s2_v, lanes_v = args
+        f64 = ir.DoubleType()
+        vec = ir.VectorType(f64, 8)
+        i64 = ir.IntType(64)
+        i32 = ir.IntType(32)
+        src = context.make_array(signature.args[0])(context, builder, flat_v).data
+        dst = context.make_array(signature.args[4])(context, builder, lanes_v).data
+        undef = ir.Constant(vec, ir.Undefined)
+        mask0 = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
+
+        def splat(x):
+            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i32, 0)),
+                                          undef, mask0)
+
+        v1, v2 = splat(s1_v), splat(s2_v)
+        zero = ir.Constant(vec, [0.0] * 8)
+        entry = builder.basic_block
+        loop = builder.append_basic_block("ss_loop")
+        done = builder.append_basic_block("ss_done")
+        builder.cbranch(builder.icmp_signed(">", full_v, ir.Constant(i64, 0)), loop, done)
+        builder.position_at_end(loop)
+        i_phi = builder.phi(i64)
+        acc = builder.phi(vec)
+        i_phi.add_incoming(ir.Constant(i64, 0), entry)
+        acc.add_incoming(zero, entry)
+        ptr = builder.bitcast(builder.gep(src, [i_phi]), vec.as_pointer())
+        x = builder.load(ptr, align=8)
+        t = builder.fmul(builder.fmul(x, v1), v2)
+        new_acc = builder.fadd(acc, builder.fmul(t, t))
+        i_next = builder.add(i_phi, ir.Constant(i64, 8))
+        i_phi.add_incoming(i_next, loop)
+        acc.add_incoming(new_acc, loop)
+        builder.cbranch(builder.icmp_signed("<", i_next, full_v), loop, done)
+        builder.position_at_end(done)
+        result = builder.phi(vec)
+        result.add_incoming(zero, entry)
+        result.add_incoming(new_acc, loop)
+        builder.store(result, builder.bitcast(dst, vec.as_pointer()), align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @helper
 def scaled_sum_squares(flat, s1, s2):
-    """``sum((x * s1 * s2)**2)`` over the 1-D float64 array ``flat`` in the fixed 8-lane
-    order of the module docstring."""
+    """``sum((x * s1 * s2)**2)`` over the 1-D C-contiguous float64 array ``flat`` in the
+    fixed 8-lane order of the module docstring."""
     n = flat.shape[0]
-    l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = 0.0
     full = n - n % 8
-    for i in range(0, full, 8):
-        t0 = (flat[i] * s1) * s2
-        t1 = (flat[i + 1] * s1) * s2
-        t2 = (flat[i + 2] * s1) * s2
-        t3 = (flat[i + 3] * s1) * s2
-        t4 = (flat[i + 4] * s1) * s2
-        t5 = (flat[i + 5] * s1) * s2
-        t6 = (flat[i + 6] * s1) * s2
-        t7 = (flat[i + 7] * s1) * s2
-        l0 += t0 * t0
-        l1 += t1 * t1
-        l2 += t2 * t2
-        l3 += t3 * t3
-        l4 += t4 * t4
-        l5 += t5 * t5
-        l6 += t6 * t6
-        l7 += t7 * t7
-    rest = n - full
-    if rest > 0:
-        t = (flat[full] * s1) * s2
-        l0 += t * t
-    if rest > 1:
-        t = (flat[full + 1] * s1) * s2
-        l1 += t * t
-    if rest > 2:
-        t = (flat[full + 2] * s1) * s2
-        l2 += t * t
-    if rest > 3:
-        t = (flat[full + 3] * s1) * s2
-        l3 += t * t
-    if rest > 4:
-        t = (flat[full + 4] * s1) * s2
-        l4 += t * t
-    if rest > 5:
-        t = (flat[full + 5] * s1) * s2
-        l5 += t * t
-    if rest > 6:
-        t = (flat[full + 6] * s1) * s2
-        l6 += t * t
-    return ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+    lanes = np.zeros(8, dtype=np.float64)
+    _lanes_sum_squares(flat, full, s1, s2, lanes)
+    for i in range(full, n):
+        t = (flat[i] * s1) * s2
+        lanes[i - full] += t * t
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + \
+        ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
