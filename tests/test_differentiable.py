@@ -238,3 +238,140 @@ def test_attention_errors():
            q, q, q, np.ones((2, 2), bool))
     raises(DomainError, "multihead_attention_ad", L.multihead_attention_ad, 3, q, q, q)
     raises(DomainError, "multihead_attention_ad", L.multihead_attention_ad, 0, q, q, q)
+
+
+# ----------------------------------------------------------------------------- convolution
+@st.composite
+def conv_cases(draw, transposed=False):
+    rng = np.random.default_rng(draw(seeds))
+    r = draw(st.integers(1, 3))
+    groups = draw(st.integers(1, 2))
+    n = draw(st.integers(1, 2))
+    cin, cout = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+    k = tuple(draw(st.integers(1, 3 if r < 3 else 2)) for _ in range(r))
+    s = tuple(draw(st.integers(1, 2)) for _ in range(r))
+    d = tuple(draw(st.integers(1, 2)) for _ in range(r))
+    p = tuple(draw(st.integers(0, 1)) for _ in range(r))
+    options = L.ConvOptions(s, p, d, groups)
+    if transposed:
+        size = tuple(draw(st.integers(1, 3)) for _ in range(r))
+        op = tuple(draw(st.integers(0, s[a] - 1)) for a in range(r))
+        out = [(size[a] - 1) * s[a] - 2 * p[a] + d[a] * (k[a] - 1) + op[a] + 1 for a in range(r)]
+        if min(out) < 1:
+            p = (0,) * r
+            options = L.ConvOptions(s, p, d, groups)
+        x = rng.standard_normal((n, cin) + size)
+        w = rng.standard_normal((cin, cout // groups) + k)
+    else:
+        size = tuple(d[a] * (k[a] - 1) + 1 + draw(st.integers(0, 3 if r < 3 else 2)) for a in range(r))
+        x = rng.standard_normal((n, cin) + size)
+        w = rng.standard_normal((cout, cin // groups) + k)
+        op = None
+    bias = rng.standard_normal(cout) if draw(st.booleans()) else None
+    return options, op, x, w, bias
+
+
+@settings(max_examples=25)
+@given(case=conv_cases())
+def test_convolution_ad(case):
+    options, _, x, w, bias = case
+    y = L.convolution_ad(options, V(x), V(w), None if bias is None else V(bias))
+    assert np.array_equal(y.value, L.convolution(options, x, w, bias))
+    if bias is None:
+        ad.check_gradients(lambda a, b: L.convolution_ad(options, a, b, None), [x, w])
+    else:
+        ad.check_gradients(lambda a, b, c: L.convolution_ad(options, a, b, c), [x, w, bias])
+
+
+@settings(max_examples=25)
+@given(case=conv_cases(transposed=True))
+def test_transposed_convolution_ad(case):
+    options, op, x, w, bias = case
+    y = L.transposed_convolution_ad(op, options, V(x), V(w), None if bias is None else V(bias))
+    assert np.array_equal(y.value, L.transposed_convolution(op, options, x, w, bias))
+    if bias is None:
+        ad.check_gradients(lambda a, b: L.transposed_convolution_ad(op, options, a, b, None), [x, w])
+    else:
+        ad.check_gradients(lambda a, b, c: L.transposed_convolution_ad(op, options, a, b, c),
+                           [x, w, bias])
+
+
+def test_convolution_reference_gradients():
+    rng = np.random.default_rng(8)
+    options = L.ConvOptions((2, 1), (1, 0), (1, 2), 2)
+    x, w, b = rng.standard_normal((2, 4, 5, 6)), rng.standard_normal((2, 2, 2, 2)), rng.standard_normal(2)
+    grads_vs_reference(lambda a, c, e: L.convolution_ad(options, a, c, e),
+                       lambda a, c, e: L.convolution(options, a, c, e), [x, w, b])
+
+
+def test_convolution_gradients_match_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    x, w, b = rng.standard_normal((3, 4, 7, 6)), rng.standard_normal((6, 2, 3, 2)), rng.standard_normal(6)
+    options = L.ConvOptions((2, 1), (1, 1), (1, 2), 2)
+    cot = rng.standard_normal(L.convolution(options, x, w, b).shape)
+    xv, wv, bv = V(x), V(w), V(b)
+    got = ad.gradients(L.convolution_ad(options, xv, wv, bv), [xv, wv, bv], cot)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ty = torch.nn.functional.conv2d(tx, tw, tb, stride=(2, 1), padding=(1, 1), dilation=(1, 2), groups=2)
+    ty.backward(torch.tensor(cot))
+    for g, t in zip(got, (tx, tw, tb)):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_convolution_errors():
+    o = L.ConvOptions(1, 0, 1, 1)
+    x, w = V(np.ones((1, 2, 4, 4))), V(np.ones((3, 2, 2, 2)))
+    raises(ShapeError, "convolution_ad", L.convolution_ad, o, x, V(np.ones((3, 3, 2, 2))), None)
+    raises(ShapeError, "convolution_ad", L.convolution_ad, o, x, w, V(np.ones(2)))
+    raises(TypeError, "convolution_ad", L.convolution_ad, (1, 0, 1), x, w, None)
+    raises(DomainError, "transposed_convolution_ad", L.transposed_convolution_ad, (1, 1), o,
+           x, V(np.ones((2, 3, 2, 2))), None)
+
+
+def test_conv_backward_deterministic_across_threads():
+    assert_same_across_threads("""
+        import sys, numpy as np
+        from hmath_dl import autodiff as ad, layers as L
+        rng = np.random.default_rng(0)
+        x = ad.variable(rng.standard_normal((4, 6, 9, 9)))
+        w = ad.variable(rng.standard_normal((8, 3, 3, 3)))
+        b = ad.variable(rng.standard_normal(8))
+        o = L.ConvOptions(1, 1, 1, 2)
+        y = L.convolution_ad(o, x, w, b)
+        y = L.pooling_ad(L.PoolMode.MAX, 2, 2, 0, y)
+        y = L.transposed_convolution_ad(1, L.ConvOptions(2, 1, 1, 1), y, w, None)
+        for g in ad.gradients(y, [x, w, b], rng.standard_normal(y.shape)):
+            sys.stdout.buffer.write(g.tobytes())
+    """)
+
+
+# ----------------------------------------------------------------------------- pooling
+@settings(max_examples=30)
+@given(seed=seeds, r=st.integers(1, 3), mode=st.sampled_from(["MAX", "AVERAGE"]), data=st.data())
+def test_pooling_ad(seed, r, mode, data):
+    mode = L.PoolMode[mode]
+    k = tuple(data.draw(st.integers(1, 3)) for _ in range(r))
+    s = tuple(data.draw(st.integers(1, 2)) for _ in range(r))
+    p = tuple(data.draw(st.integers(0, (k[a] - 1) // 2 + 0)) for a in range(r))
+    size = tuple(k[a] + data.draw(st.integers(0, 2)) for a in range(r))
+    x = rnd(seed, (data.draw(small), data.draw(st.integers(1, 2))) + size)
+    y = L.pooling_ad(mode, k, s, p, V(x))
+    assert np.array_equal(y.value, L.pooling(mode, k, s, p, x))
+    ad.check_gradients(lambda v: L.pooling_ad(mode, k, s, p, v), [x])
+
+
+def test_max_pool_ties_go_to_the_first_maximum():
+    x = V(np.array([[[1.0, 3.0, 3.0, 0.0]]]))
+    y = L.pooling_ad(L.PoolMode.MAX, 4, 1, 0, x)
+    (g,) = ad.gradients(y, [x], np.ones(y.shape))
+    assert np.array_equal(g, [[[0.0, 1.0, 0.0, 0.0]]])
+    y = L.pooling_ad(L.PoolMode.AVERAGE, 2, 1, 1, x)  # padding excluded from the count
+    (g,) = ad.gradients(y, [x], np.ones(y.shape))
+    assert np.array_equal(g, [[[1.5, 1.0, 1.0, 1.5]]])
+
+
+def test_pooling_errors():
+    x = V(np.ones((1, 1, 4)))
+    raises(TypeError, "pooling_ad", L.pooling_ad, "max", 2, 2, 0, x)
+    raises(DomainError, "pooling_ad", L.pooling_ad, L.PoolMode.MAX, 0, 1, 0, x)
