@@ -11,6 +11,10 @@ vectorise and are memory-bound), so nothing depends on the thread count.
 """
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
 from ._jit import helper
 
 _ABS64 = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -73,90 +77,74 @@ def round_to_bits(flat, out, mbits, bias):
     return np.int64(-1)
 
 
+@intrinsic
+def _as_float64(typingctx, bits):
+    """Reinterpret the int64 ``bits`` as a float64 (a register bitcast)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
 @helper
-def _subnormal_bits(frac, mbits, bias, fbits, fbias):
-    """Bits of ``frac * 2**(1 - bias - mbits)`` (0 < frac < 2**mbits) in a wider binary
-    format with ``fbits`` fraction bits and bias ``fbias`` in which it is normal."""
-    h = 0
-    while (frac >> (h + 1)) != 0:
-        h += 1
-    expo = h + 1 - bias - mbits + fbias
-    mant = (frac << (fbits - h)) & ((np.int64(1) << fbits) - 1)
-    return (np.int64(expo) << fbits) | mant
+def _decode_one(r, mbits, bias, sub_scale):
+    """float64 value of the finite 16-bit pattern ``r`` (int64); ``sub_scale`` is
+    ``2.0**(1 - bias - mbits)``, the value of the smallest subnormal.  Branch-free."""
+    negative = ((r >> 15) & 1) == 1
+    expo = (r & 0x7FFF) >> mbits
+    frac = r & ((np.int64(1) << mbits) - 1)
+    normal_bits = ((expo - bias + 1023) << 52) | (frac << (52 - mbits))
+    magnitude = _as_float64(normal_bits) if expo != 0 else np.float64(frac) * sub_scale
+    return -magnitude if negative else magnitude
 
 
 @helper
 def bits_to_float(bits, out, mbits, bias):
-    """Decode the 1-D int64 array ``bits`` (values in [0, 65535]) into ``out``, the int64
-    view of the float64 result.  Returns the first flat index holding a NaN/inf pattern,
-    or -1 (such entries are written as 0)."""
+    """Decode the 1-D int64 array ``bits`` (values in [0, 65535]) into the float64 array
+    ``out``.  Returns the first flat index holding a NaN/inf pattern, or -1 (such entries
+    are written as 0)."""
     n = bits.shape[0]
     exp_mask = np.int64(((1 << (15 - mbits)) - 1) << mbits)
-    frac_mask = (np.int64(1) << mbits) - 1
-    bad = np.int64(-1)
+    sub_scale = _as_float64(np.int64(1023 + 1 - bias - mbits) << 52)
+    bad = np.int64(0)
     for i in range(n):
         b = bits[i]
-        sign = ((b >> 15) & 1) << 63
-        expo = (b & exp_mask) >> mbits
-        frac = b & frac_mask
-        if expo == 0:
-            if frac == 0:
-                out[i] = sign
-            else:
-                out[i] = sign | _subnormal_bits(frac, mbits, bias, 52, 1023)
-        elif (b & exp_mask) == exp_mask:
-            if bad < 0:
-                bad = np.int64(i)
-            out[i] = 0
-        else:
-            out[i] = sign | ((expo - bias + 1023) << 52) | (frac << (52 - mbits))
-    return bad
+        special = (b & exp_mask) == exp_mask
+        bad |= np.int64(special)
+        out[i] = 0.0 if special else _decode_one(b, mbits, bias, sub_scale)
+    if bad != 0:
+        for i in range(n):
+            if (bits[i] & exp_mask) == exp_mask:
+                return np.int64(i)
+    return np.int64(-1)
 
 
 @helper
-def round_to_float32(flat, out, mbits, bias, stats):
-    """Round the 1-D float64 array ``flat`` (finite values) to the 16-bit format and write
-    the (exactly representable) float32 values into ``out``, the int32 view of a float32
-    array.  Returns -2 if some entry is NaN/inf, else the first flat index whose value
-    overflows to +-inf, else -1.  ``stats`` (int64[2]) receives the largest magnitude
-    pattern (``r & 0x7FFF``) and the smallest non-zero one (0x7FFF if all are zero):
-    magnitudes order like their patterns."""
+def round_to_float(flat, out, mbits, bias, stats):
+    """Round the 1-D float64 array ``flat`` to the 16-bit format and write the values into
+    ``out`` (float64, or float32: every 16-bit value is exactly a float32).  Returns -2 if
+    some entry is NaN/inf, else the first flat index whose value overflows to +-inf, else
+    -1.  ``stats`` (int64[2]) receives the largest magnitude pattern (``r & 0x7FFF``) and
+    the smallest non-zero one (0x7FFF if all are zero): magnitudes order like patterns."""
     n = flat.shape[0]
-    mag_max = np.int64(0)
-    mag_min = np.int64(0x7FFF)
     inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
+    sub_scale = _as_float64(np.int64(1023 + 1 - bias - mbits) << 52)
     u = flat.view(np.int64)
     over = np.int64(0)
     nonfinite = np.int64(0)
-    if mbits == 7 and bias == 127:            # BF16 is the upper half of float32
-        for i in range(n):
-            r = _round_one(u[i], mbits, bias)
-            over |= np.int64((r & 0x7FFF) >= inf_pattern)
-            nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
-            mag = r & 0x7FFF
-            mag_max = max(mag_max, mag)
-            mag_min = min(mag_min, mag if mag != 0 else np.int64(0x7FFF))
-            out[i] = np.int32(r << 16)
-    else:
-        frac_mask = (np.int64(1) << mbits) - 1
-        for i in range(n):
-            r = _round_one(u[i], mbits, bias)
-            over |= np.int64((r & 0x7FFF) >= inf_pattern)
-            nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
-            mag = r & 0x7FFF
-            mag_max = max(mag_max, mag)
-            mag_min = min(mag_min, mag if mag != 0 else np.int64(0x7FFF))
-            sign = ((r >> 15) & 1) << 31
-            expo = (r & 0x7FFF) >> mbits
-            frac = r & frac_mask
-            if expo == 0:
-                if frac == 0:
-                    f = sign
-                else:
-                    f = sign | _subnormal_bits(frac, mbits, bias, 23, 127)
-            else:
-                f = sign | ((expo - bias + 127) << 23) | (frac << (23 - mbits))
-            out[i] = np.int32(f)
+    mag_max = np.int64(0)
+    mag_min = np.int64(0x7FFF)
+    for i in range(n):
+        r = _round_one(u[i], mbits, bias)
+        mag = r & 0x7FFF
+        over |= np.int64(mag >= inf_pattern)
+        nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
+        mag_max = max(mag_max, mag)
+        mag_min = min(mag_min, mag if mag != 0 else np.int64(0x7FFF))
+        r = min(r, (r & 0x8000) | (inf_pattern - 1))      # keep overflowed entries finite
+        out[i] = _decode_one(r, mbits, bias, sub_scale)
     stats[0] = mag_max
     stats[1] = mag_min
     if nonfinite != 0:

@@ -77,7 +77,7 @@ def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np
     out = _checks.alloc(fname, bits.shape, np.float64)
     if bits.size == 0:
         return out
-    bad = int(_khalf.bits_to_float(bits.reshape(-1), out.reshape(-1).view(np.int64), mbits, bias))
+    bad = int(_khalf.bits_to_float(bits.reshape(-1), out.reshape(-1), mbits, bias))
     if bad >= 0:
         pattern = int(bits.reshape(-1)[bad])
         kind = "inf" if pattern & ((1 << mbits) - 1) == 0 else "NaN"
@@ -187,8 +187,17 @@ def round_to_precision(precision, x) -> np.ndarray:
     fname = "round_to_precision"
     precision = _checks.member(fname, "precision", precision, Precision)
     arr = tensor_keep_0d(fname, "x", x, finite=False)     # finiteness checked by the kernel
-    bits = _round(fname, "x", precision, arr)
-    return _decode(fname, "x", precision, bits.astype(np.int64))
+    mbits, bias, _ = _FORMAT[precision]
+    out = _checks.alloc(fname, arr.shape, np.float64)
+    if arr.size == 0:
+        return out
+    stats = np.zeros(2, dtype=np.int64)
+    status = int(_khalf.round_to_float(arr.reshape(-1), out.reshape(-1), mbits, bias, stats))
+    if status == -2:
+        _checks.require_finite(fname, "x", arr)
+    if status >= 0:
+        _overflow(fname, "x", precision, arr, status)
+    return out
 
 
 def _round_float32(fname: str, precision: Precision, arr: np.ndarray):
@@ -200,8 +209,7 @@ def _round_float32(fname: str, precision: Precision, arr: np.ndarray):
     if arr.size == 0:
         return out, -1, (0.0, None)
     stats = np.zeros(2, dtype=np.int64)
-    status = int(_khalf.round_to_float32(arr.reshape(-1), out.reshape(-1).view(np.int32),
-                                         mbits, bias, stats))
+    status = int(_khalf.round_to_float(arr.reshape(-1), out.reshape(-1), mbits, bias, stats))
     if status != -1:
         return out, status, None
     hi, lo = (float(v) for v in _decode_magnitudes(precision, stats))
@@ -213,7 +221,7 @@ def _decode_magnitudes(precision, patterns):
     mbits, bias, _ = _FORMAT[precision]
     pats = np.ascontiguousarray(patterns, dtype=np.int64)
     out = np.empty(pats.shape, dtype=np.float64)
-    _khalf.bits_to_float(pats, out.view(np.int64), mbits, bias)
+    _khalf.bits_to_float(pats, out, mbits, bias)
     return out
 
 
