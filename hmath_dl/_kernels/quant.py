@@ -79,26 +79,81 @@ def _scale_zp(lo, hi, symmetric):
     return scale, np.int64(z), True
 
 
+@helper
+def _minmax_run(x, f0, f1, lo, hi):
+    """``(min(lo, x[f0:f1]), max(hi, x[f0:f1]))`` with four independent accumulators
+    (min/max are exact, so the grouping cannot change the result)."""
+    l0 = lo
+    l1 = lo
+    l2 = lo
+    l3 = lo
+    h0 = hi
+    h1 = hi
+    h2 = hi
+    h3 = hi
+    f4 = f0 + ((f1 - f0) // 4) * 4
+    for f in range(f0, f4, 4):
+        v0 = x[f]
+        v1 = x[f + 1]
+        v2 = x[f + 2]
+        v3 = x[f + 3]
+        l0 = min(l0, v0)
+        l1 = min(l1, v1)
+        l2 = min(l2, v2)
+        l3 = min(l3, v3)
+        h0 = max(h0, v0)
+        h1 = max(h1, v1)
+        h2 = max(h2, v2)
+        h3 = max(h3, v3)
+    for f in range(f4, f1):
+        l0 = min(l0, x[f])
+        h0 = max(h0, x[f])
+    return min(min(l0, l1), min(l2, l3)), max(max(h0, h1), max(h2, h3))
+
+
+_CH_BLOCK = 128               # channels per parallel task when inner == 1
+
+
 @kernel
 def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
     """Per-channel scales/zero points for ``x`` viewed as ``(outer, nch, inner)``.
 
     Returns the first channel whose scale is invalid, or -1."""
     bad = np.full(nch, -1, dtype=np.int64)
-    for c in prange(nch):
-        lo = np.inf
-        hi = -np.inf
-        for o in range(outer):
-            base = (o * nch + c) * inner
-            for t in range(inner):
-                v = x[base + t]
-                lo = min(lo, v)
-                hi = max(hi, v)
-        s, z, ok = _scale_zp(lo, hi, symmetric)
-        scales[c] = s
-        zps[c] = z
-        if not ok:
-            bad[c] = c
+    if inner == 1:
+        # channels are adjacent in memory: sweep rows, keeping per-channel running min/max
+        nblk = (nch + _CH_BLOCK - 1) // _CH_BLOCK
+        for blk in prange(nblk):
+            c0 = blk * _CH_BLOCK
+            c1 = min(nch, c0 + _CH_BLOCK)
+            lo = np.full(c1 - c0, np.inf)
+            hi = np.full(c1 - c0, -np.inf)
+            for o in range(outer):
+                base = o * nch
+                for c in range(c0, c1):
+                    v = x[base + c]
+                    if v < lo[c - c0]:
+                        lo[c - c0] = v
+                    if v > hi[c - c0]:
+                        hi[c - c0] = v
+            for c in range(c0, c1):
+                s, z, ok = _scale_zp(lo[c - c0], hi[c - c0], symmetric)
+                scales[c] = s
+                zps[c] = z
+                if not ok:
+                    bad[c] = c
+    else:
+        for c in prange(nch):
+            lo = np.inf
+            hi = -np.inf
+            for o in range(outer):
+                base = (o * nch + c) * inner
+                lo, hi = _minmax_run(x, base, base + inner, lo, hi)
+            s, z, ok = _scale_zp(lo, hi, symmetric)
+            scales[c] = s
+            zps[c] = z
+            if not ok:
+                bad[c] = c
     for c in range(nch):
         if bad[c] >= 0:
             return c
@@ -115,12 +170,7 @@ def quant_params_tensor(x, symmetric, scales, zps):
     los = np.empty(nchunks, dtype=np.float64)
     his = np.empty(nchunks, dtype=np.float64)
     for c in prange(nchunks):
-        lo = np.inf
-        hi = -np.inf
-        for f in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
-            v = x[f]
-            lo = min(lo, v)
-            hi = max(hi, v)
+        lo, hi = _minmax_run(x, c * _CHUNK, min(n, (c + 1) * _CHUNK), np.inf, -np.inf)
         los[c] = lo
         his[c] = hi
     lo = np.inf
