@@ -261,7 +261,10 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         order, ``acc = fl32(acc + fl32(a16[i, k] * b16[k, j]))`` (float32 round-half-to-even,
         separate multiply and add, never a fused multiply-add).  For ``K == 0`` every
         output is ``+0.0``.  The result is bit-exactly specified: identical on every
-        machine and for every thread count.
+        machine and for every thread count.  (Every product of two 16-bit values has at
+        most 22 significant bits; when all of them provably lie in float32's normal range,
+        the kernel uses ``fma(a, b, acc)``, which is then bit-identical to the separate
+        multiply and add; otherwise it multiplies and adds separately.)
 
     Raises
     ------
