@@ -472,41 +472,47 @@ def pack_a_u8(qa, mp, kp, ap, ra):
                 ap[base + t] = 0
 
 
+@helper
+def _u8(v):
+    """The two's-complement byte of an int8 as an unsigned 32-bit value."""
+    return np.uint32(np.uint8(v))
+
+
 @kernel
-def pack_b_vnni(qb, np_, kp, bp, cb):
-    """``bp`` (flat ``[np_/32][kp/4][2][16][4]`` int8): ``bp[p, q, h, l, t] =
-    qb[4q + t, 32p + 16h + l]``, zero padded; ``cb[j]`` = the column sums of ``qb``."""
+def pack_b_vnni(qb, np_, kp, bp32, cb):
+    """Pack ``qb`` for the VNNI micro-kernel.  ``bp32`` is the uint32 view of the flat int8
+    buffer ``bp[np_/32][kp/4][2][16][4]`` with ``bp[p, q, h, l, t] =
+    qb[4q + t, 32p + 16h + l]`` (zero padded): word ``(p*kq + q)*32 + col`` holds the four
+    bytes ``qb[4q:4q+4, 32p + col]`` (little-endian).  ``cb[j]`` = the column sums of
+    ``qb``."""
     kk, n = qb.shape
     npanel = np_ // _NR
     kq = kp // 4
-    kfull = kk // 4
     for p in prange(npanel):
         j0 = p * _NR
         ncol = min(_NR, n - j0)
-        if ncol == _NR:
-            for q in range(kfull):
-                base = (p * kq + q) * 128
+        for q in range(kq):
+            base = (p * kq + q) * _NR
+            k0 = 4 * q
+            if ncol == _NR and k0 + 4 <= kk:
                 for col in range(_NR):
+                    j = j0 + col
+                    bp32[base + col] = (_u8(qb[k0, j]) | (_u8(qb[k0 + 1, j]) << 8)
+                                        | (_u8(qb[k0 + 2, j]) << 16) | (_u8(qb[k0 + 3, j]) << 24))
+            else:
+                for col in range(_NR):
+                    w = np.uint32(0)
                     for t in range(4):
-                        bp[base + col * 4 + t] = qb[4 * q + t, j0 + col]
-            q0 = kfull
-        else:
-            q0 = 0
-        for q in range(q0, kq):
-            base = (p * kq + q) * 128
-            for col in range(_NR):
-                for t in range(4):
-                    k = 4 * q + t
-                    if k < kk and col < ncol:
-                        bp[base + col * 4 + t] = qb[k, j0 + col]
-                    else:
-                        bp[base + col * 4 + t] = 0
+                        if k0 + t < kk and col < ncol:
+                            w = w | (_u8(qb[k0 + t, j0 + col]) << (8 * t))
+                    bp32[base + col] = w
         csum = np.zeros(_NR, dtype=np.int64)
         for k in range(kk):
             for col in range(ncol):
                 csum[col] += np.int64(qb[k, j0 + col])
         for col in range(ncol):
             cb[j0 + col] = csum[col]
+
 
 _TILES_PER_TASK = 8            # output tiles per parallel task (amortises scratch)
 

@@ -388,7 +388,7 @@ def int8_gemm(a, b) -> np.ndarray:
         ap = _checks.alloc(fname, (mp * kp,), np.uint8)
         bp = _checks.alloc(fname, (np_ * kp,), np.int8)
         _kq.pack_a_u8(qa, mp, kp, ap, ra)
-        _kq.pack_b_vnni(qb, np_, kp, bp, cb)
+        _kq.pack_b_vnni(qb, np_, kp, bp.view(np.uint32), cb)
         ntiles = (mp // mr) * (np_ // nr)
         ntask = -(-ntiles // _kq._TILES_PER_TASK)
         bad_acc = np.empty(ntask, dtype=np.int64)
