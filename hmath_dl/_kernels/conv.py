@@ -22,6 +22,8 @@ terms in a fixed order (input channel, kd, kh, kw; one fused multiply-add per te
 bits never depend on the thread count.  No BLAS is used.
 """
 
+import math
+
 import llvmlite.ir as llvm_ir
 import numpy as np
 from numba import prange
@@ -98,6 +100,11 @@ def _vfma_codegen(ntaps):
 
 
 def _vfma_sig(arrays, ntaps, i):
+    """Signature of the vector FMA intrinsics; only unit-stride (layout 'C') float64 arrays
+    are accepted, because the codegen addresses ``data + i`` directly."""
+    for a in arrays:
+        if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float64):
+            raise TypeError("vector FMA: contiguous float64 arrays required (got %s)" % (a,))
     return types.void(*arrays, i, *([types.float64] * (4 * ntaps)))
 
 
@@ -343,85 +350,6 @@ def conv_forward(xp, w, bias, has_bias, groups, sd, sh, sw, dd, dh, dw, out):
 
 
 @kernel
-def conv_transpose(x, w, bias, has_bias, groups, sd, sh, sw, dd, dh, dw, pd, ph, pw, out):
-    """Transposed convolution of ``x [N, Cin, D, H, W]`` with ``w [Cin, Cout/groups, KD,
-    KH, KW]`` into ``out [N, Cout, OD, OH, OW]`` (the adjoint of :func:`conv_forward`):
-
-    ``full[n, co, i*s + k*d] += w[ci, co', k] * x[n, ci, i]`` over ci in group(co), k, i;
-    ``out[n, co, o] = bias[co] + full[n, co, o + p]``.
-
-    ``full`` is kept in polyphase order (per axis, position f = q*s + r is stored at phase
-    r, index q), so every tap is a contiguous shift-add over an input row.  Terms are added
-    in the fixed order (ci', kd, kh, kw, id, ih, iw).
-    """
-    N, Cin, D, H, W = x.shape
-    Cog = w.shape[1]
-    KD, KH, KW = w.shape[2], w.shape[3], w.shape[4]
-    Cout, OD, OH, OW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
-    Cig = Cin // groups
-    # extent of the uncropped output per axis (covers o + p for every output o)
-    ED = max((D - 1) * sd + dd * (KD - 1) + 1, OD + pd)
-    EH = max((H - 1) * sh + dh * (KH - 1) + 1, OH + ph)
-    EW = max((W - 1) * sw + dw * (KW - 1) + 1, OW + pw)
-    QD = (ED - 1) // sd + 1
-    QH = (EH - 1) // sh + 1
-    QW = (EW - 1) // sw + 1
-    QV = QD * QH * QW
-    nphase = sd * sh * sw
-    nblk = (Cog + _CB - 1) // _CB
-    niter = N * groups * nblk
-    for t in prange(niter):
-        b = t % nblk
-        r = t // nblk
-        g = r % groups
-        n = r // groups
-        co0 = b * _CB          # within the group
-        nb = min(_CB, Cog - co0)
-        acc = np.zeros((_CB, nphase * QV))
-        for cl in range(Cig):
-            ci = g * Cig + cl
-            for kd in range(KD):
-                rd = (kd * dd) % sd
-                md = (kd * dd) // sd
-                for kh in range(KH):
-                    rh = (kh * dh) % sh
-                    mh = (kh * dh) // sh
-                    for kw in range(KW):
-                        rw = (kw * dw) % sw
-                        mw = (kw * dw) // sw
-                        phase = ((rd * sh) + rh) * sw + rw
-                        for i_d in range(D):
-                            for i_h in range(H):
-                                base = phase * QV + ((i_d + md) * QH + i_h + mh) * QW + mw
-                                xrow = x[n, ci, i_d, i_h]
-                                for j in range(nb):
-                                    wv = w[ci, co0 + j, kd, kh, kw]
-                                    arow = acc[j, base:base + W]
-                                    for i_w in range(W):
-                                        arow[i_w] = _fma(wv, xrow[i_w], arow[i_w])
-        for j in range(nb):
-            co = g * Cog + co0 + j
-            bv = bias[co] if has_bias else 0.0
-            for od in range(OD):
-                fd = od + pd
-                qd = fd // sd
-                rd = fd - qd * sd
-                for oh in range(OH):
-                    fh = oh + ph
-                    qh = fh // sh
-                    rh = fh - qh * sh
-                    for ow in range(OW):
-                        fw = ow + pw
-                        qw = fw // sw
-                        rw = fw - qw * sw
-                        v = acc[j, (((rd * sh) + rh) * sw + rw) * QV + (qd * QH + qh) * QW + qw]
-                        if has_bias:
-                            out[n, co, od, oh, ow] = v + bv
-                        else:
-                            out[n, co, od, oh, ow] = v
-
-
-@kernel
 def conv_weight_grad(xp, gy, groups, sd, sh, sw, dd, dh, dw, out):
     """Gradient of :func:`conv_forward` with respect to its weights:
 
@@ -510,11 +438,32 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None):
     return out
 
 
+def _phase_taps(K, s, d):
+    """For one axis: per output phase r in [0, s), the taps k with (k*d) mod s == r in
+    ascending order, the offset m of the first one ((k*d) div s) and the offset step
+    between consecutive ones (d / gcd(d, s))."""
+    step = d // math.gcd(d, s)
+    out = []
+    for r in range(s):
+        ks = [k for k in range(K) if (k * d) % s == r]
+        out.append((ks, (ks[0] * d) // s if ks else 0, step))
+    return out
+
+
 def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, groups, out=None):
     """Transposed convolution on validated arrays (see module docstring).
 
     ``x [N, Cin, *S]``, ``w [Cin, Cout/groups, *K]``; output size per axis
-    ``(S-1)s - 2p + d(K-1) + output_padding + 1``.
+    ``(S-1)s - 2p + d(K-1) + output_padding + 1``;
+    ``y[n, co, o] = bias[co] + sum_{ci in group(co), k, i: i*s + k*d = o + p} w[ci, co', k] x[n, ci, i]``.
+
+    Computed by polyphase decomposition: the outputs ``o`` with ``(o + p) mod s = r`` (per
+    axis) only receive the taps ``k`` with ``(k*d) mod s = r``, consecutive ones ``d/gcd(d, s)``
+    input positions apart, so each phase is ONE stride-1 forward convolution
+    (:func:`conv_forward`) of a zero-extended window of ``x`` with the phase's taps in
+    reverse order.  Each output therefore sums its terms in the fixed order (ci', taps of
+    its phase from the last to the first), one fused multiply-add per term; the thread
+    count never matters.  The per-phase weight and input windows are small numpy copies.
     """
     r = x.ndim - 2
     s = _pad3(stride, 1)
@@ -523,17 +472,56 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     op = _pad3(output_padding, 0)
     x5 = _as5(x)
     w5 = _as5(w)
-    N = x5.shape[0]
+    groups = int(groups)
+    N, Cin = x5.shape[:2]
+    Cog = w5.shape[1]
+    Cout = Cog * groups
+    Cig = Cin // groups
     S = x5.shape[2:]
     K = w5.shape[2:]
     O = tuple((S[a] - 1) * s[a] - 2 * p[a] + d[a] * (K[a] - 1) + op[a] + 1 for a in range(3))
-    shape = (N, w.shape[1] * int(groups)) + O[3 - r:]
+    shape = (N, Cout) + O[3 - r:]
     if out is None:
         out = np.empty(shape, dtype=np.float64)
-    b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
-    if out.size:
-        conv_transpose(x5, w5, b, bias is not None, int(groups), s[0], s[1], s[2],
-                       d[0], d[1], d[2], p[0], p[1], p[2], _out5(out))
+    if out.size == 0:
+        return out
+    out5 = _out5(out)
+    has_bias = bias is not None
+    b = np.array(bias, dtype=np.float64) if has_bias else np.zeros(1, dtype=np.float64)
+    out5[...] = b.reshape(-1, 1, 1, 1) if has_bias else 0.0
+    # weights as [groups, Cig, Cog, *K] -> per phase [Cout, Cig, *J] (taps reversed)
+    wg = w5.reshape((groups, Cig, Cog) + K)
+    taps = [_phase_taps(K[a], s[a], d[a]) for a in range(3)]
+    for rd in range(s[0]):
+        for rh in range(s[1]):
+            for rw in range(s[2]):
+                ph = (taps[0][rd], taps[1][rh], taps[2][rw])
+                rr = (rd, rh, rw)
+                if any(len(t[0]) == 0 for t in ph):
+                    continue          # no tap reaches this phase: bias only
+                start = [(rr[a] - p[a]) % s[a] for a in range(3)]      # first o of the phase
+                count = [len(range(start[a], O[a], s[a])) for a in range(3)]
+                if min(count) == 0:
+                    continue
+                J = [len(ph[a][0]) for a in range(3)]
+                dm = [ph[a][2] for a in range(3)]
+                # window of x: xw[t] = x[t + so], t < count + (J-1)*dm
+                q0 = [(start[a] + p[a]) // s[a] for a in range(3)]
+                so = [q0[a] - ph[a][1] - (J[a] - 1) * dm[a] for a in range(3)]
+                L = [count[a] + (J[a] - 1) * dm[a] for a in range(3)]
+                xw = np.zeros((N, Cin) + tuple(L), dtype=np.float64)
+                lo = [max(0, -so[a]) for a in range(3)]
+                hi = [min(L[a], S[a] - so[a]) for a in range(3)]
+                if all(hi[a] > lo[a] for a in range(3)):
+                    xw[:, :, lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] = \
+                        x5[:, :, lo[0] + so[0]:hi[0] + so[0], lo[1] + so[1]:hi[1] + so[1],
+                           lo[2] + so[2]:hi[2] + so[2]]
+                wsub = wg[:, :, :, ph[0][0][::-1]][:, :, :, :, ph[1][0][::-1]][:, :, :, :, :, ph[2][0][::-1]]
+                wsub = np.ascontiguousarray(
+                    wsub.transpose(0, 2, 1, 3, 4, 5).reshape((Cout, Cig) + tuple(J)))
+                part = np.empty((N, Cout) + tuple(count), dtype=np.float64)
+                conv_forward(xw, wsub, b, has_bias, groups, 1, 1, 1, dm[0], dm[1], dm[2], part)
+                out5[:, :, start[0]::s[0], start[1]::s[1], start[2]::s[2]] = part
     return out
 
 
