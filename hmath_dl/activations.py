@@ -88,7 +88,7 @@ def activate(activation, x):
     """
     fname = "activate"
     act = _checks.member(fname, "activation", activation, Activation)
-    arr = _checks.tensor(fname, "x", x)
+    arr = _checks.tensor(fname, "x", x, finite=False)  # the kernel checks finiteness
     if arr.ndim == 1 and np.ndim(x) == 0:  # _checks.tensor turns a 0-d input into [1]
         arr = arr.reshape(())
     out = _checks.alloc(fname, arr.shape)
@@ -98,5 +98,6 @@ def activate(activation, x):
 
     ok = activation_forward(act.value, arr.reshape(-1), out.reshape(-1))
     if not ok:
+        _checks.require_finite(fname, "x", arr)
         raise NumericOverflow(f"{fname}: {act.name} produced a non-finite result")
     return out

@@ -98,6 +98,18 @@ def test_derivative_kernel(act):
 
 
 @pytest.mark.parametrize("act", ALL, ids=lambda a: a.name)
+def test_kernels_report_nonfinite_input(act):
+    for bad in (np.nan, np.inf, -np.inf):
+        x = np.zeros(9000)
+        x[5000] = bad
+        out = np.empty_like(x)
+        assert not activation_forward(act.value, x, out)
+        assert not activation_derivative(act.value, x, out)
+        x[5000] = 0.0
+        assert activation_forward(act.value, x, out)
+
+
+@pytest.mark.parametrize("act", ALL, ids=lambda a: a.name)
 def test_forward_kernel_in_place(act):
     x = np.random.default_rng(2).uniform(-5, 5, 9000)
     want = activate(act, x)
@@ -127,6 +139,9 @@ def test_errors():
         activate(Activation.RELU, [1.0, np.nan])
     with pytest.raises(NonFiniteError, match="^activate"):
         activate(Activation.SIGMOID, [np.inf])
+    for act in ALL:  # RELU(NaN) would silently be 0 without the check
+        with pytest.raises(NonFiniteError, match="^activate"):
+            activate(act, np.array([0.0, 1.0, -np.inf]))
     with pytest.raises(TypeError, match="^activate"):
         activate("relu", [1.0])
     with pytest.raises(TypeError, match="^activate"):

@@ -29,9 +29,10 @@ Public kernel entries (for reuse, e.g. by autodiff):
   0.01 and 1 respectively).
 
 Both take 1-D C-contiguous float64 arrays of equal length (``out_flat`` may be
-``x_flat`` itself for in-place use) and return True iff every output is finite. They do
-not validate anything: pass finite inputs and a valid code (an unknown code leaves
-``out_flat`` untouched and returns True). Work is split over fixed chunks, so results do
+``x_flat`` itself for in-place use) and return True iff every INPUT is finite; for
+finite inputs every output of every activation and derivative is finite (the formulas
+are evaluated in overflow-free forms).  They do not validate anything else: pass a valid
+code (an unknown code leaves ``out_flat`` untouched). Work is split over fixed chunks, so results do
 not depend on the thread count.
 
 Dropout: ``dropout_train(x_flat, u_flat, p, scale, out_flat)`` (element-wise mask) and
@@ -66,6 +67,26 @@ _GELU_TANH_A = 0.044715
 
 
 @helper
+def _chunk_finite(a, start, stop):
+    """True iff a[start:stop] is all finite (v * 0 is NaN exactly for NaN/inf v; eight
+    independent accumulators keep the check off the critical path)."""
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = 0.0
+    stop8 = start + (stop - start) // 8 * 8
+    for i in range(start, stop8, 8):
+        c0 += a[i] * 0.0
+        c1 += a[i + 1] * 0.0
+        c2 += a[i + 2] * 0.0
+        c3 += a[i + 3] * 0.0
+        c4 += a[i + 4] * 0.0
+        c5 += a[i + 5] * 0.0
+        c6 += a[i + 6] * 0.0
+        c7 += a[i + 7] * 0.0
+    for i in range(stop8, stop):
+        c0 += a[i] * 0.0
+    return ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)) == 0.0
+
+
+@helper
 def _sigmoid(v):
     if v >= 0.0:
         return 1.0 / (1.0 + math.exp(-v))
@@ -75,6 +96,7 @@ def _sigmoid(v):
 
 @helper
 def _forward_chunk(code, x, out, start, stop):
+    ok = _chunk_finite(x, start, stop)
     if code == IDENTITY:
         for i in range(start, stop):
             out[i] = x[i]
@@ -115,14 +137,12 @@ def _forward_chunk(code, x, out, start, stop):
         for i in range(start, stop):
             v = x[i]
             out[i] = v if v > 0.0 else math.expm1(v)
-    acc = 0.0
-    for i in range(start, stop):
-        acc += out[i] * 0.0
-    return acc == 0.0
+    return ok
 
 
 @helper
 def _derivative_chunk(code, x, out, start, stop):
+    ok = _chunk_finite(x, start, stop)
     if code == IDENTITY:
         for i in range(start, stop):
             out[i] = 1.0
@@ -171,15 +191,12 @@ def _derivative_chunk(code, x, out, start, stop):
         for i in range(start, stop):
             v = x[i]
             out[i] = 1.0 if v > 0.0 else math.exp(v)
-    acc = 0.0
-    for i in range(start, stop):
-        acc += out[i] * 0.0
-    return acc == 0.0
+    return ok
 
 
 @kernel
 def activation_forward(code, x_flat, out_flat):
-    """``out_flat[i] = f_code(x_flat[i])``; True iff every output is finite (see module doc)."""
+    """``out_flat[i] = f_code(x_flat[i])``; True iff every input is finite (see module doc)."""
     n = x_flat.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     ok = np.ones(nchunks, dtype=np.bool_)
@@ -195,7 +212,7 @@ def activation_forward(code, x_flat, out_flat):
 
 @kernel
 def activation_derivative(code, x_flat, out_flat):
-    """``out_flat[i] = f_code'(x_flat[i])``; True iff every output is finite (see module doc)."""
+    """``out_flat[i] = f_code'(x_flat[i])``; True iff every input is finite (see module doc)."""
     n = x_flat.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     ok = np.ones(nchunks, dtype=np.bool_)
@@ -220,14 +237,11 @@ def dropout_train(x_flat, u_flat, p, scale, out_flat):
     for c in prange(nchunks):
         start = c * _CHUNK
         stop = min(n, start + _CHUNK)
-        acc = 0.0
         for i in range(start, stop):
             m = scale if u_flat[i] >= p else 0.0
             u_flat[i] = m
-            v = x_flat[i] * m
-            out_flat[i] = v
-            acc += v * 0.0
-        ok[c] = acc == 0.0
+            out_flat[i] = x_flat[i] * m
+        ok[c] = _chunk_finite(out_flat, start, stop)
     for c in range(nchunks):
         if not ok[c]:
             return False
@@ -244,13 +258,10 @@ def apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat):
     for r in prange(rows):
         m = channel_mask[r]
         base = r * inner
-        acc = 0.0
         for j in range(inner):
-            v = x_flat[base + j] * m
-            out_flat[base + j] = v
+            out_flat[base + j] = x_flat[base + j] * m
             mask_flat[base + j] = m
-            acc += v * 0.0
-        ok[r] = acc == 0.0
+        ok[r] = _chunk_finite(out_flat, base, base + inner)
     for r in range(rows):
         if not ok[r]:
             return False

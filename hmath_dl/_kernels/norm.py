@@ -12,11 +12,12 @@ starting at ``base + j * segstride`` of the flat input:
   (``nseg = P``, ``base = i * Q``, ``segstride = A * Q``, ``seglen = Q``).
 
 Determinism: each group is reduced entirely inside one ``prange`` iteration, in a fixed
-order (16 interleaved partial sums per segment, combined in a fixed tree, segments in
-order), so results do not depend on the thread count.
+order (fast path: ``lanes`` interleaved partial sums per chunk, added in order;
+scaled path: serial; chunks and segments in order), so results do not depend on the thread count.
 
 Accuracy / overflow: statistics are two-pass (mean, then the mean of squared
-deviations).  When a sum or a sum of squares is not finite although every input is,
+deviations) over cache-resident chunks of at most 2048 elements, merged in order with
+Chan's update, so memory is read once for the statistics and once for the output.  When a sum or a sum of squares is not finite although every input is,
 the group is recomputed on inputs scaled by an exact power of two ``s = 2**-e`` chosen
 so that ``max|x| * s < 1``; the normalised output is then
 ``(x s - mean_s) / sqrt(var_s + eps s**2)``, mathematically identical.  The fast path
@@ -38,100 +39,95 @@ NONFINITE_INPUT = 1
 OVERFLOW = 2
 
 _HUGE = 1.0e300
+_CHUNK = 2048  # elements per cache-resident chunk of the one-pass statistics
+LANES = 32  # partial sums per reduction; pass it as the ``lanes`` kernel argument
 
 
 @helper
-def _seg_sum(x, start, n, s, m):
-    """sum_i (x[start+i] * s - m) over one segment, 16 fixed partial sums."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = 0.0
-    n16 = n - n % 16
-    for i in range(0, n16, 16):
-        j = start + i
-        a0 += x[j] * s - m
-        a1 += x[j + 1] * s - m
-        a2 += x[j + 2] * s - m
-        a3 += x[j + 3] * s - m
-        a4 += x[j + 4] * s - m
-        a5 += x[j + 5] * s - m
-        a6 += x[j + 6] * s - m
-        a7 += x[j + 7] * s - m
-        b0 += x[j + 8] * s - m
-        b1 += x[j + 9] * s - m
-        b2 += x[j + 10] * s - m
-        b3 += x[j + 11] * s - m
-        b4 += x[j + 12] * s - m
-        b5 += x[j + 13] * s - m
-        b6 += x[j + 14] * s - m
-        b7 += x[j + 15] * s - m
-    t = (((a0 + b0) + (a1 + b1)) + ((a2 + b2) + (a3 + b3))) + \
-        (((a4 + b4) + (a5 + b5)) + ((a6 + b6) + (a7 + b7)))
-    for i in range(n16, n):
-        t += x[start + i] * s - m
+def _sum(row, acc):
+    """sum(row): ``L = len(acc)`` interleaved partial sums (lane ``k`` takes elements
+    ``k, k+L, ...``), lanes added in order, then the tail.  ``L`` is a run-time value so
+    that LLVM vectorises the lane loop instead of unrolling it (numba's SLP vectoriser
+    is off); the order is fixed, hence deterministic."""
+    lanes = acc.shape[0]
+    n = row.shape[0]
+    nb = n // lanes
+    for k in range(lanes):
+        acc[k] = 0.0
+    for b in range(nb):
+        blk = row[b * lanes:(b + 1) * lanes]
+        for k in range(lanes):
+            acc[k] += blk[k]
+    t = 0.0
+    for k in range(lanes):
+        t += acc[k]
+    for i in range(nb * lanes, n):
+        t += row[i]
     return t
 
 
 @helper
-def _seg_sumsq(x, start, n, s, m):
-    """sum_i (x[start+i] * s - m)**2 over one segment, 16 fixed partial sums."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = 0.0
-    n16 = n - n % 16
-    for i in range(0, n16, 16):
-        j = start + i
-        d0 = x[j] * s - m
-        d1 = x[j + 1] * s - m
-        d2 = x[j + 2] * s - m
-        d3 = x[j + 3] * s - m
-        d4 = x[j + 4] * s - m
-        d5 = x[j + 5] * s - m
-        d6 = x[j + 6] * s - m
-        d7 = x[j + 7] * s - m
-        e0 = x[j + 8] * s - m
-        e1 = x[j + 9] * s - m
-        e2 = x[j + 10] * s - m
-        e3 = x[j + 11] * s - m
-        e4 = x[j + 12] * s - m
-        e5 = x[j + 13] * s - m
-        e6 = x[j + 14] * s - m
-        e7 = x[j + 15] * s - m
-        a0 += d0 * d0
-        a1 += d1 * d1
-        a2 += d2 * d2
-        a3 += d3 * d3
-        a4 += d4 * d4
-        a5 += d5 * d5
-        a6 += d6 * d6
-        a7 += d7 * d7
-        b0 += e0 * e0
-        b1 += e1 * e1
-        b2 += e2 * e2
-        b3 += e3 * e3
-        b4 += e4 * e4
-        b5 += e5 * e5
-        b6 += e6 * e6
-        b7 += e7 * e7
-    t = (((a0 + b0) + (a1 + b1)) + ((a2 + b2) + (a3 + b3))) + \
-        (((a4 + b4) + (a5 + b5)) + ((a6 + b6) + (a7 + b7)))
-    for i in range(n16, n):
-        d = x[start + i] * s - m
+def _sumsq(row, m, acc):
+    """sum((row - m)**2), same order as :func:`_sum`."""
+    lanes = acc.shape[0]
+    n = row.shape[0]
+    nb = n // lanes
+    for k in range(lanes):
+        acc[k] = 0.0
+    for b in range(nb):
+        blk = row[b * lanes:(b + 1) * lanes]
+        for k in range(lanes):
+            d = blk[k] - m
+            acc[k] += d * d
+    t = 0.0
+    for k in range(lanes):
+        t += acc[k]
+    for i in range(nb * lanes, n):
+        d = row[i] - m
         t += d * d
     return t
 
 
 @helper
-def _group_sum(x, base, nseg, seglen, segstride, s, m):
+def _sum_scaled(row, s):
+    """sum(row * s) (slow path; serial order)."""
     t = 0.0
-    for j in range(nseg):
-        t += _seg_sum(x, base + j * segstride, seglen, s, m)
+    for i in range(row.shape[0]):
+        t += row[i] * s
     return t
 
 
 @helper
-def _group_sumsq(x, base, nseg, seglen, segstride, s, m):
+def _sumsq_scaled(row, s, m):
+    """sum((row * s - m)**2) (slow path; serial order)."""
+    t = 0.0
+    for i in range(row.shape[0]):
+        d = row[i] * s - m
+        t += d * d
+    return t
+
+
+@helper
+def _group_sum(x, base, nseg, seglen, segstride, s, acc):
     t = 0.0
     for j in range(nseg):
-        t += _seg_sumsq(x, base + j * segstride, seglen, s, m)
+        st = base + j * segstride
+        if s == 1.0:
+            t += _sum(x[st:st + seglen], acc)
+        else:
+            t += _sum_scaled(x[st:st + seglen], s)
+    return t
+
+
+@helper
+def _group_sumsq(x, base, nseg, seglen, segstride, s, m, acc):
+    t = 0.0
+    for j in range(nseg):
+        st = base + j * segstride
+        if s == 1.0:
+            t += _sumsq(x[st:st + seglen], m, acc)
+        else:
+            t += _sumsq_scaled(x[st:st + seglen], s, m)
     return t
 
 
@@ -148,7 +144,8 @@ def _group_all_finite(x, base, nseg, seglen, segstride):
 
 @helper
 def _group_scale(x, base, nseg, seglen, segstride):
-    """Power of two ``2**-e`` with ``max|x| * 2**-e`` in ``[0.5, 1)`` (1.0 for all zeros)."""
+    """Power of two ``2**-e`` with ``max|x| * 2**-e`` in ``[0.5, 1)`` (1.0 for all zeros;
+    at most ``2**1020`` for subnormal-only groups)."""
     mx = 0.0
     for j in range(nseg):
         st = base + j * segstride
@@ -165,29 +162,64 @@ def _group_scale(x, base, nseg, seglen, segstride):
 
 
 @helper
-def _group_stats(x, base, nseg, seglen, segstride, center):
+def _group_moments(x, base, nseg, seglen, segstride, acc):
+    """(mean, sum of squared deviations) of a group, reading it from memory once.
+
+    The group is cut into chunks of at most ``_CHUNK`` elements (cache-resident); each
+    chunk gets an exact two-pass mean and sum of squared deviations, and the chunks are
+    merged in order with Chan's pairwise update
+    ``M2 = M2_a + M2_b + delta**2 * n_a * n_b / n``.  A group of one chunk is plain
+    two-pass: ``mean = sum / n``, ``M2 = sum((x - mean)**2)``.
+    """
+    na = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for j in range(nseg):
+        st = base + j * segstride
+        seg = x[st:st + seglen]
+        nch = (seglen + _CHUNK - 1) // _CHUNK
+        for k in range(nch):
+            lo = k * _CHUNK
+            hi = min(seglen, lo + _CHUNK)
+            chunk = seg[lo:hi]
+            nb = float(hi - lo)
+            mb = _sum(chunk, acc) / nb
+            qb = _sumsq(chunk, mb, acc)
+            n = na + nb
+            delta = mb - mean
+            mean = mean + delta * (nb / n)
+            m2 = m2 + qb + delta * delta * (na * nb / n)
+            na = n
+    return mean, m2
+
+
+@helper
+def _group_stats(x, base, nseg, seglen, segstride, center, acc):
     """(scale s, mean of x*s (0 when not centering), mean of (x*s - mean)**2, status)."""
     count = nseg * seglen
     s = 1.0
     m = 0.0
     if center:
-        t = _group_sum(x, base, nseg, seglen, segstride, 1.0, 0.0)
-        if not (t - t == 0.0):
+        m, q = _group_moments(x, base, nseg, seglen, segstride, acc)
+        if not (m - m == 0.0):
             if not _group_all_finite(x, base, nseg, seglen, segstride):
                 return 1.0, 0.0, 0.0, NONFINITE_INPUT
             s = _group_scale(x, base, nseg, seglen, segstride)
-            t = _group_sum(x, base, nseg, seglen, segstride, s, 0.0)
-        m = t / count
-    q = _group_sumsq(x, base, nseg, seglen, segstride, s, m)
+            m = _group_sum(x, base, nseg, seglen, segstride, s, acc) / count
+            q = _group_sumsq(x, base, nseg, seglen, segstride, s, m, acc)
+    else:
+        q = _group_sumsq(x, base, nseg, seglen, segstride, s, m, acc)
     if not (q - q == 0.0):
         if s != 1.0:
             return s, m, 0.0, OVERFLOW  # cannot happen: |x s - m| < 2
         if not _group_all_finite(x, base, nseg, seglen, segstride):
             return 1.0, 0.0, 0.0, NONFINITE_INPUT
         s = _group_scale(x, base, nseg, seglen, segstride)
+        if s == 1.0:
+            return s, m, 0.0, OVERFLOW  # cannot happen: max|x| >= 1e154 here
         if center:
-            m = _group_sum(x, base, nseg, seglen, segstride, s, 0.0) / count
-        q = _group_sumsq(x, base, nseg, seglen, segstride, s, m)
+            m = _group_sum(x, base, nseg, seglen, segstride, s, acc) / count
+        q = _group_sumsq(x, base, nseg, seglen, segstride, s, m, acc)
     return s, m, q / count, OK
 
 
@@ -205,30 +237,40 @@ def _inv_std(v, eps, s):
 
 
 @kernel
-def normalize_rows(x, rows, n, eps, center, out, status):
+def normalize_rows(x, rows, n, eps, center, lanes, out, status):
     """Row-wise normalisation of the C-contiguous ``[rows, n]`` array ``x`` (flat).
 
     ``center=True``: ``out = (x - mean) / sqrt(var + eps)`` (population variance) —
     layer, instance and group norm.  ``center=False``: ``out = x / sqrt(mean(x*x) + eps)``
     — RMS norm.  ``status[r]`` receives the row's status code.
     """
-    for r in prange(rows):
-        st = r * n
-        s, m, v, code = _group_stats(x, st, 1, n, n, center)
-        status[r] = code
-        if code != OK:
-            continue
-        inv = _inv_std(v, eps, s)
-        if s == 1.0:
-            for i in range(n):
-                out[st + i] = (x[st + i] - m) * inv
-        else:
-            for i in range(n):
-                out[st + i] = (x[st + i] * s - m) * inv
+    nblk = min(rows, 256)
+    per = (rows + nblk - 1) // nblk
+    for blk in prange(nblk):
+        acc = np.empty(lanes)  # one scratch per block of rows, not per row
+        for r in range(blk * per, min(rows, (blk + 1) * per)):
+            _normalize_row(x, r * n, n, eps, center, acc, out, status, r)
+
+
+@helper
+def _normalize_row(x, st, n, eps, center, acc, out, status, r):
+    s, m, v, code = _group_stats(x, st, 1, n, n, center, acc)
+    status[r] = code
+    if code != OK:
+        return
+    inv = _inv_std(v, eps, s)
+    row = x[st:st + n]
+    orow = out[st:st + n]
+    if s == 1.0:
+        for i in range(n):
+            orow[i] = (row[i] - m) * inv
+    else:
+        for i in range(n):
+            orow[i] = (row[i] * s - m) * inv
 
 
 @kernel
-def batch_norm_train(x, N, C, S, eps, gamma, beta, out, mean, var, status):
+def batch_norm_train(x, N, C, S, eps, gamma, beta, lanes, out, mean, var, status):
     """Batch norm with batch statistics on the flat ``[N, C, S]`` array ``x``.
 
     ``out = gamma[c] * (x - mean_c) / sqrt(var_c + eps) + beta[c]``; ``mean[c]`` and
@@ -238,7 +280,8 @@ def batch_norm_train(x, N, C, S, eps, gamma, beta, out, mean, var, status):
     count = N * S
     for c in prange(C):
         base = c * S
-        s, m, v, code = _group_stats(x, base, N, S, C * S, True)
+        acc = np.empty(lanes)
+        s, m, v, code = _group_stats(x, base, N, S, C * S, True, acc)
         status[c] = code
         if code != OK:
             continue
@@ -248,8 +291,14 @@ def batch_norm_train(x, N, C, S, eps, gamma, beta, out, mean, var, status):
         b = beta[c]
         for j in range(N):
             st = base + j * C * S
-            for i in range(S):
-                out[st + i] = (x[st + i] * s - m) * a + b
+            seg = x[st:st + S]
+            oseg = out[st:st + S]
+            if s == 1.0:
+                for i in range(S):
+                    oseg[i] = (seg[i] - m) * a + b
+            else:
+                for i in range(S):
+                    oseg[i] = (seg[i] * s - m) * a + b
         # |x s - m| * inv <= sqrt(count): the output is finite unless gamma/beta are huge
         if abs(gamma[c]) * math.sqrt(count) * 1.001 + abs(b) > _HUGE:
             if not _group_all_finite(out, base, N, S, C * S):
@@ -293,7 +342,7 @@ def batch_norm_apply(x, N, C, S, scale, shift, center, out, status):
 
 
 @kernel
-def weight_norm_kernel(w, P, A, Q, magnitudes, out, status):
+def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
     """``out[p, i, q] = w[p, i, q] * magnitudes[i] / ||w[:, i, :]||`` on the flat
     ``[P, A, Q]`` array ``w``; the norm is computed with power-of-two scaling (no
     overflow or underflow in the squares).  status: 0 ok, 1 non-finite input,
@@ -303,8 +352,9 @@ def weight_norm_kernel(w, P, A, Q, magnitudes, out, status):
         if not _group_all_finite(w, base, P, Q, A * Q):
             status[i] = NONFINITE_INPUT
             continue
+        acc = np.empty(lanes)
         s = _group_scale(w, base, P, Q, A * Q)
-        q = _group_sumsq(w, base, P, Q, A * Q, s, 0.0)
+        q = _group_sumsq(w, base, P, Q, A * Q, s, 0.0, acc)  # s != 1 takes the serial path
         if q == 0.0:
             status[i] = 3
             continue

@@ -31,7 +31,9 @@ def _common(fname, mode, p, rng, x, min_ndim):
     mode = _checks.member(fname, "mode", mode, Mode)
     p = _checks.real(fname, "p", p, lo=0.0, hi=1.0)
     rng = _rng(fname, rng)
-    xa = _checks.tensor(fname, "x", x, min_ndim=min_ndim)
+    # TRAINING: a NaN/inf in x always leaves a NaN/inf in x * mask (inf * 0 = NaN), so the
+    # kernel's output check finds it; INFERENCE scans x here.
+    xa = _checks.tensor(fname, "x", x, min_ndim=min_ndim, finite=mode is Mode.INFERENCE)
     if xa.ndim == 1 and np.ndim(x) == 0:  # _checks.tensor turns a 0-d input into [1]
         xa = xa.reshape(())
     return mode, p, rng, xa
@@ -91,6 +93,7 @@ def dropout(mode, p, rng, x):
 
         ok = dropout_train(xa.reshape(-1), u.reshape(-1), p, _scale(p), y.reshape(-1))
         if not ok:
+            _checks.require_finite(fname, "x", xa)
             raise NumericOverflow(f"{fname}: x * mask is not finite (x / (1 - p) overflowed, p = {p!r})")
     return y, u, rng.advanced(gen)
 
@@ -145,5 +148,6 @@ def spatial_dropout(mode, p, rng, x):
         inner = xa.size // (n * c)
         ok = apply_channel_mask(xa.reshape(-1), keep, inner, y.reshape(-1), mask.reshape(-1))
         if not ok:
+            _checks.require_finite(fname, "x", xa)
             raise NumericOverflow(f"{fname}: x * mask is not finite (x / (1 - p) overflowed, p = {p!r})")
     return y, mask, rng.advanced(gen)

@@ -52,13 +52,13 @@ def _as_output_shape(xa, x):
 
 
 def _rows(fname, xa, rows, n, eps, center):
-    from .._kernels.norm import normalize_rows
+    from .._kernels.norm import LANES, normalize_rows
 
     out = _checks.alloc(fname, xa.shape)
     if out.size == 0:
         return out
     status = np.zeros(rows, dtype=np.int8)
-    normalize_rows(xa.reshape(-1), rows, n, eps, center, out.reshape(-1), status)
+    normalize_rows(xa.reshape(-1), rows, n, eps, center, LANES, out.reshape(-1), status)
     _raise_status(fname, status, xa)
     return out
 
@@ -206,11 +206,12 @@ def batch_norm(mode, momentum, epsilon, gamma, beta, state, x):
     if m == 0 or c == 0:
         raise ShapeError(f"{fname}: TRAINING needs at least one value per channel "
                          f"(got x shape {_checks.shape_str(xa.shape)})")
-    from .._kernels.norm import batch_norm_train
+    from .._kernels.norm import LANES, batch_norm_train
 
     mean = np.zeros(c)
     var = np.zeros(c)
-    batch_norm_train(xa.reshape(-1), n, c, s, eps, g, b, out.reshape(-1), mean, var, status)
+    batch_norm_train(xa.reshape(-1), n, c, s, eps, g, b, LANES, out.reshape(-1), mean, var,
+                     status)
     _raise_status(fname, status, xa, unit="channel")
     unbiased = var * (m / (m - 1)) if m > 1 else var
     with np.errstate(over="ignore", invalid="ignore"):
@@ -391,11 +392,11 @@ def weight_norm(axis, magnitudes, w):
     out = _checks.alloc(fname, wa.shape)
     if out.size == 0:
         return out
-    from .._kernels.norm import weight_norm_kernel
+    from .._kernels.norm import LANES, weight_norm_kernel
 
     p = _prod(wa.shape[:ax])
     q = _prod(wa.shape[ax + 1:])
     status = np.zeros(a, dtype=np.int8)
-    weight_norm_kernel(wa.reshape(-1), p, a, q, mags, out.reshape(-1), status)
+    weight_norm_kernel(wa.reshape(-1), p, a, q, mags, LANES, out.reshape(-1), status)
     _raise_status(fname, status, wa, what="w", unit="slice")
     return out
