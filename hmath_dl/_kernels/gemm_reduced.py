@@ -177,7 +177,7 @@ def gemm_f32_seq(a, b, out, fused):
             for c in range(width):
                 panel[k * NR + c] = b[k, j0 + c]
         tile = np.empty(MR * NR, dtype=np.float32)
-        bad = np.int64(-1)
+        nonfinite = np.int64(0)
         for ib in range(g * group, min(mb, (g + 1) * group)):
             i0 = ib * MR
             rows = min(MR, M - i0)
@@ -189,10 +189,13 @@ def gemm_f32_seq(a, b, out, fused):
                 for c in range(width):
                     v = np.float64(tile[r * NR + c])
                     out[i0 + r, j0 + c] = v
-                    if not np.isfinite(v):
-                        idx = np.int64(i0 + r) * N + j0 + c
-                        if bad < 0 or idx < bad:
-                            bad = idx
+                    nonfinite |= np.int64(v * 0.0 != 0.0)   # NaN exactly for NaN/+-inf
+        bad = np.int64(-1)
+        if nonfinite != 0:                          # rare: find the first offending output
+            for i in range(g * group * MR, min(M, (g + 1) * group * MR)):
+                for j in range(j0, j0 + width):
+                    if bad < 0 and not np.isfinite(out[i, j]):
+                        bad = np.int64(i) * N + j
         first_bad[t] = bad
     best = np.int64(-1)
     for t in range(ntasks):
