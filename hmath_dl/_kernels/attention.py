@@ -390,7 +390,7 @@ def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits
 
 
 @kernel
-def attention_forward(q, k, v, mask, bias, out, weights):
+def _attention_forward(q, k, v, mask, bias, out, weights):
     """See the module docstring."""
     nb, n_q, d = q.shape
     m_keys = k.shape[1]
@@ -438,7 +438,7 @@ def attention_forward(q, k, v, mask, bias, out, weights):
 
 
 @kernel
-def rotary_forward(x, base, offset, out):
+def _rotary_forward(x, base, offset, out):
     """See the module docstring."""
     nr, n_s, f = x.shape
     half = f // 2
@@ -474,3 +474,24 @@ def rotary_forward(x, base, offset, out):
                 if not np.isfinite(out[r, s, c]):
                     return np.int64(t * f + c)
     return np.int64(-1)
+
+
+def _readonly(a):
+    """``a`` typed read-only for numba (an O(1) view when ``a`` is writeable), so that every
+    call compiles to the same specialisation whether or not the caller's arrays are
+    read-only (e.g. views from ``cache_values``)."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def attention_forward(q, k, v, mask, bias, out, weights):
+    """Scaled dot-product attention; see the module docstring (inputs are only read)."""
+    return _attention_forward(_readonly(q), _readonly(k), _readonly(v), _readonly(mask),
+                              _readonly(bias), out, weights)
+
+
+def rotary_forward(x, base, offset, out):
+    """Rotary embedding; see the module docstring (``x`` is only read)."""
+    return _rotary_forward(_readonly(x), float(base), np.int64(offset), out)
