@@ -1,0 +1,113 @@
+"""Activations and dropout against torch.nn.functional (float64) and numpy formulas."""
+
+import math
+
+import numpy as np
+
+from hmath_dl.activations import Activation, activate
+from hmath_dl.layers import Mode, dropout
+from hmath_dl.rng import RNG
+
+from .common import TORCH, normal, skip_without_torch, torch_tensor
+
+SHAPES = [(256, 1024), (1024, 4096)]
+ACTS = ["RELU", "GELU", "GELU_TANH", "SILU", "SIGMOID", "TANH"]
+
+
+class Activations:
+    params = (SHAPES, ACTS)
+    param_names = ["shape", "activation"]
+
+    def setup(self, shape, name):
+        self.x = normal(shape, 3)
+        self.act = Activation[name]
+        activate(self.act, self.x[:1])
+
+    def time_activate(self, shape, name):
+        activate(self.act, self.x)
+
+
+def _numpy_act(name, x):
+    if name == "RELU":
+        return np.maximum(x, 0.0)
+    if name == "GELU":
+        from scipy.special import erf
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    if name == "GELU_TANH":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    if name == "SILU":
+        return x / (1.0 + np.exp(-x))
+    if name == "SIGMOID":
+        return 1.0 / (1.0 + np.exp(-x))
+    return np.tanh(x)
+
+
+class NumpyActivations:
+    params = (SHAPES, ACTS)
+    param_names = ["shape", "activation"]
+
+    def setup(self, shape, name):
+        self.x = normal(shape, 3)
+        if name == "GELU":
+            try:
+                import scipy.special  # noqa: F401
+            except ImportError:
+                raise NotImplementedError("scipy not importable")
+
+    def time_activate(self, shape, name):
+        with np.errstate(over="ignore"):
+            _numpy_act(name, self.x)
+
+
+class TorchActivations:
+    params = (SHAPES, ACTS)
+    param_names = ["shape", "activation"]
+
+    def setup(self, shape, name):
+        skip_without_torch()
+        self.t = torch_tensor(normal(shape, 3))
+        f = TORCH.nn.functional
+        self.fn = {"RELU": f.relu, "GELU": f.gelu,
+                   "GELU_TANH": lambda t: f.gelu(t, approximate="tanh"), "SILU": f.silu,
+                   "SIGMOID": TORCH.sigmoid, "TANH": TORCH.tanh}[name]
+
+    def time_activate(self, shape, name):
+        self.fn(self.t)
+
+
+class Dropout:
+    params = SHAPES
+    param_names = ["shape"]
+
+    def setup(self, shape):
+        self.x = normal(shape, 4)
+        self.rng = RNG.from_seed(0)
+        dropout(Mode.TRAINING, 0.1, self.rng, self.x[:1])
+
+    def time_dropout_training(self, shape):
+        dropout(Mode.TRAINING, 0.1, self.rng, self.x)
+
+
+class NumpyDropout:
+    params = SHAPES
+    param_names = ["shape"]
+
+    def setup(self, shape):
+        self.x = normal(shape, 4)
+
+    def time_dropout_training(self, shape):
+        g = np.random.Generator(np.random.Philox(0))
+        mask = (g.random(self.x.shape) >= 0.1) / 0.9
+        self.x * mask
+
+
+class TorchDropout:
+    params = SHAPES
+    param_names = ["shape"]
+
+    def setup(self, shape):
+        skip_without_torch()
+        self.t = torch_tensor(normal(shape, 4))
+
+    def time_dropout_training(self, shape):
+        TORCH.nn.functional.dropout(self.t, 0.1, True)

@@ -1,0 +1,69 @@
+"""dense (x @ w.T + b) and embedding against numpy and torch float64.
+
+Target (issue 3): dense on x [512, 1024], w [1024, 1024] within 1.2x of numpy
+``x @ w.T + b`` (ours is numpy's BLAS matmul plus one finiteness check of the output).
+"""
+
+import numpy as np
+
+from hmath_dl.layers import dense, embedding
+
+from .common import TORCH, normal, skip_without_torch, torch_tensor
+
+SIZES = [(128, 512), (512, 1024)]  # (batch, features): x [B, F], w [F, F]
+
+
+class Dense:
+    params = SIZES
+    param_names = ["batch_features"]
+
+    def setup(self, bf):
+        b, f = bf
+        self.x, self.w, self.b = normal((b, f), 5), normal((f, f), 6), normal((f,), 7)
+        dense(self.x[:1], self.w, self.b)
+
+    def time_dense(self, bf):
+        dense(self.x, self.w, self.b)
+
+
+class NumpyDense:
+    params = SIZES
+    param_names = ["batch_features"]
+
+    def setup(self, bf):
+        b, f = bf
+        self.x, self.w, self.b = normal((b, f), 5), normal((f, f), 6), normal((f,), 7)
+
+    def time_dense(self, bf):
+        self.x @ self.w.T + self.b
+
+
+class TorchDense:
+    params = SIZES
+    param_names = ["batch_features"]
+
+    def setup(self, bf):
+        skip_without_torch()
+        b, f = bf
+        self.x, self.w, self.b = (torch_tensor(normal((b, f), 5)), torch_tensor(normal((f, f), 6)),
+                                  torch_tensor(normal((f,), 7)))
+
+    def time_dense(self, bf):
+        TORCH.nn.functional.linear(self.x, self.w, self.b)
+
+
+class Embedding:
+    params = [(1000, 64), (50000, 512)]
+    param_names = ["vocab_features"]
+
+    def setup(self, vf):
+        v, f = vf
+        self.w = normal((v, f), 8)
+        self.idx = np.random.default_rng(9).integers(0, v, (32, 128))
+        embedding(self.w, self.idx[:1])
+
+    def time_embedding(self, vf):
+        embedding(self.w, self.idx)
+
+    def time_numpy_take(self, vf):
+        np.take(self.w, self.idx, axis=0)
