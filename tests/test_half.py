@@ -316,7 +316,7 @@ def test_reduced_gemm_bit_exact_vs_oracle(case):
 @pytest.mark.parametrize("p", [FP16, BF16])
 def test_reduced_gemm_larger_shapes_exercise_blocking(p):
     rng = np.random.default_rng(11)
-    for m, k, n in ((13, 300, 70), (9, 1, 300), (66, 257, 5), (1, 1000, 1)):
+    for m, k, n in ((13, 300, 70), (9, 1, 300), (66, 257, 5), (1, 1000, 1), (130, 64, 300)):
         a = rng.standard_normal((m, k))
         b = rng.standard_normal((k, n))
         if p is FP16:
