@@ -253,3 +253,16 @@ def test_append_converts_and_never_mutates_inputs():
     c3 = append_cache(cache=empty_cache(20, 2, 2), keys=saved[0].astype(np.float32),
                       values=saved[1])
     assert np.array_equal(cache_values(c3)[0], saved[0].astype(np.float32).astype(np.float64))
+
+
+def test_copy_and_pickle_round_trip():
+    import copy
+    import pickle
+    c = append_cache(empty_cache(8, 2, 1), [[1.0, 2.0], [3.0, 4.0]], [[5.0], [6.0]])
+    assert copy.copy(c) is c and copy.deepcopy(c) is c
+    back = pickle.loads(pickle.dumps(c))
+    assert back == c and back.capacity == 8
+    assert pickle.loads(pickle.dumps(empty_cache(3, 1, 1))) == empty_cache(3, 1, 1)
+    # the unpickled cache is independent and extendable
+    more = append_cache(back, [[0.0, 0.0]], [[0.0]])
+    assert more.length == 3 and c.length == 2

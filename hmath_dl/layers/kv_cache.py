@@ -119,6 +119,23 @@ class KVCache:
     def __hash__(self) -> int:
         return hash((self._capacity, self._key_width, self._value_width, self._length))
 
+    # immutable: copies are the value itself; pickling stores the visible rows only
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        n = self._length
+        return (_rebuild, (self._capacity, self._key_width, self._value_width,
+                           np.array(self._keys_ro[:n]), np.array(self._values_ro[:n])))
+
+
+def _rebuild(capacity, key_width, value_width, keys, values) -> KVCache:
+    cache = empty_cache(capacity, key_width, value_width)
+    return append_cache(cache, keys, values) if keys.shape[0] else cache
+
 
 def empty_cache(capacity, key_width, value_width) -> KVCache:
     """An empty cache that can hold up to ``capacity`` rows of keys ``[key_width]`` and
