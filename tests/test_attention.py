@@ -593,3 +593,20 @@ def test_feed_forward_overflow_is_labelled():
     raises(NumericOverflow, "transformer_feed_forward", transformer_feed_forward,
            Activation.IDENTITY, np.full((1, 1), big), None, np.full((1, 1), big), None,
            np.ones((1, 1)))
+
+
+def test_kernel_exp_within_one_ulp():
+    # the softmax's vectorised exp: <= 1 ulp from the correctly rounded value, incl. the
+    # subnormal range, 0, -0 and -inf
+    from hmath_dl._kernels.attention import _exp_shifted
+    rng = np.random.default_rng(13)
+    x = -np.abs(rng.standard_normal(4000)) * np.exp(rng.uniform(-30, 6.7, 4000))
+    x = np.concatenate([x, np.linspace(-750.0, -700.0, 501),
+                        [0.0, -0.0, -np.inf, -1e-300, -745.13, -745.14, -708.0, -708.0000001]])
+    for shift in (0.0, 3.5):
+        y = x + shift
+        _exp_shifted(y, shift, np.empty(y.size, dtype=np.int64))
+        want = np.array([math.exp(t) for t in (x + shift) - shift])
+        ulps = np.abs(y - want) / np.spacing(np.maximum(want, 5e-324))
+        assert ulps.max() <= 1.0
+        assert np.array_equal(y[-8:-5], [1.0, 1.0, 0.0])
