@@ -588,3 +588,12 @@ def test_deterministic_across_thread_counts():
         for arr in (quantized_values(a), quantized_values(t), dequantize(a), int8_gemm(a, b)):
             sys.stdout.buffer.write(np.ascontiguousarray(arr).tobytes())
     """)
+
+
+def test_kernel_selection_overrides(monkeypatch):
+    monkeypatch.setenv("HMATH_DL_INT8_KERNEL", "portable")
+    assert qmod._want_vnni() is False
+    monkeypatch.delenv("HMATH_DL_INT8_KERNEL")
+    from numba.core import config
+    monkeypatch.setattr(config, "CPU_NAME", "generic", raising=False)
+    assert qmod._want_vnni() is False
