@@ -154,7 +154,12 @@ def test_deterministic_across_threads():
     assert_same_across_threads("""
         import sys, numpy as np
         from hmath_dl.activations import Activation, activate
+        from hmath_dl.layers import dense, embedding
         x = np.random.default_rng(0).standard_normal(50000) * 4
         for a in Activation:
             sys.stdout.buffer.write(activate(a, x).tobytes())
+        # dense (BLAS) and embedding (gather) ride along: one subprocess pair for all
+        w = x[:4000].reshape(40, 100)
+        sys.stdout.buffer.write(dense(x[:3000].reshape(30, 100), w, x[:40]).tobytes())
+        sys.stdout.buffer.write(embedding(w, np.arange(39, -1, -1).reshape(8, 5)).tobytes())
     """)

@@ -138,14 +138,3 @@ def test_embedding_errors():
         embedding([1.0, 2.0], [0])
     with pytest.raises(NonFiniteError, match="^embedding"):
         embedding([[1.0, np.nan]], [0])
-
-
-def test_embedding_deterministic_across_threads():
-    from tests.helpers import assert_same_across_threads
-    assert_same_across_threads("""
-        import sys, numpy as np
-        from hmath_dl.layers import embedding
-        g = np.random.default_rng(0)
-        w = g.standard_normal((50, 16))
-        sys.stdout.buffer.write(embedding(w, g.integers(0, 50, (30, 7))).tobytes())
-    """)
