@@ -18,34 +18,56 @@ from numba.extending import intrinsic
 from ._jit import helper
 
 _ABS64 = np.int64(0x7FFFFFFFFFFFFFFF)
-_MANT64 = np.int64((1 << 52) - 1)
-_IMPLICIT = np.int64(1 << 52)
 _EXP_ALL_ONES = np.int64(0x7FF0000000000000)    # |bits| >= this: inf or NaN
 
 
+@intrinsic
+def _as_float64(typingctx, bits):
+    """Reinterpret the int64 ``bits`` as a float64 (a register bitcast)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
 @helper
-def _round_one(u, mbits, bias):
-    """16-bit pattern (int64, sign in bit 15) of the float64 whose bits are the int64
+def _rounding_constants(mbits, bias):
+    """(magic, inv_unit, top) for :func:`_round_one`: 2**(emin - mbits + 52),
+    2**(mbits - emin) and 2**emin with emin = 1 - bias (exact powers of two)."""
+    emin = 1 - bias
+    magic = _as_float64(np.int64(emin - mbits + 52 + 1023) << 52)
+    inv_unit = _as_float64(np.int64(mbits - emin + 1023) << 52)
+    top = _as_float64(np.int64(emin + 1023) << 52)
+    return magic, inv_unit, top
+
+
+@helper
+def _round_one(x, u, mbits, bias, magic, inv_unit, top):
+    """16-bit pattern (int64, sign in bit 15) of the float64 ``x`` whose bits are the int64
     ``u``.  Branch-free (selects only) so that the calling loop vectorises.  The magnitude
     (low 15 bits) is >= the inf pattern exactly when the value overflows; it is clamped to
-    0x7FFF so that it never reaches the sign bit."""
+    0x7FFF so that it never reaches the sign bit.
+
+    * Normal results (|x| >= 2**emin, emin = 1 - bias): round-half-to-even of the float64
+      bits at fraction bit ``mbits`` (add ``half - 1 + lsb``, shift); a carry out of the
+      fraction bumps the exponent, and re-biasing gives the 16-bit pattern.
+    * Subnormal results: ``(|x| + magic) - magic`` with ``magic = 2**(emin - mbits + 52)``,
+      whose ulp is the subnormal unit ``2**(emin - mbits)``: the float64 addition rounds
+      |x| once, half to even, to a multiple of the unit (``top = 2**emin`` bounds |x|
+      first, so the count stays in range); the count of units (``y * inv_unit``, exact)
+      is the pattern.
+    """
     sign = (u >> 48) & 0x8000
     a = u & _ABS64
-    e64 = a >> 52                                # biased float64 exponent
-    shift_n = 52 - mbits
-    normal = e64 >= 1024 - bias                  # x >= 2**(1 - bias): normal in the format
-    # normal: keep mbits fraction bits of a; a carry out of the fraction bumps the exponent
-    # subnormal (or zero): units of 2**(1 - bias - mbits) out of the full significand
-    sig = (a & _MANT64) | _IMPLICIT
-    sub_shift = min(shift_n + (1024 - bias) - e64, 62)
-    src = a if normal else sig
-    shift = shift_n if normal else sub_shift
-    offset = ((1023 - bias) << mbits) if normal else 0
-    t = (src >> shift) - offset
-    rem = src & ((np.int64(1) << shift) - 1)
-    half = np.int64(1) << (shift - 1)
-    up = (rem > half) | ((rem == half) & ((t & 1) == 1))
-    t = t + np.int64(up)
+    shift = 52 - mbits
+    lsb = (a >> shift) & 1
+    t_normal = ((a + ((np.int64(1) << (shift - 1)) - 1) + lsb) >> shift) \
+        - ((1023 - bias) << mbits)
+    y = (min(abs(x), top) + magic) - magic
+    t_sub = np.int64(y * inv_unit)                    # exact: y is a multiple of the unit
+    t = t_normal if (a >> 52) >= 1024 - bias else t_sub
     t = min(t, 0x7FFF)
     return sign | t
 
@@ -60,11 +82,12 @@ def round_to_bits(flat, out, mbits, bias):
     a parallel launch costs more than it saves on the 2-core target."""
     n = flat.shape[0]
     inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
+    magic, inv_unit, top = _rounding_constants(mbits, bias)
     u = flat.view(np.int64)
     over = np.int64(0)
     nonfinite = np.int64(0)
     for i in range(n):
-        r = _round_one(u[i], mbits, bias)
+        r = _round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top)
         over |= np.int64((r & 0x7FFF) >= inf_pattern)
         nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
         out[i] = np.uint16(r)
@@ -72,20 +95,9 @@ def round_to_bits(flat, out, mbits, bias):
         return np.int64(-2)
     if over != 0:
         for i in range(n):
-            if (_round_one(u[i], mbits, bias) & 0x7FFF) >= inf_pattern:
+            if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
                 return np.int64(i)
     return np.int64(-1)
-
-
-@intrinsic
-def _as_float64(typingctx, bits):
-    """Reinterpret the int64 ``bits`` as a float64 (a register bitcast)."""
-    sig = types.float64(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return sig, codegen
 
 
 @helper
@@ -131,13 +143,14 @@ def round_to_float(flat, out, mbits, bias, stats):
     n = flat.shape[0]
     inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
     sub_scale = _as_float64(np.int64(1023 + 1 - bias - mbits) << 52)
+    magic, inv_unit, top = _rounding_constants(mbits, bias)
     u = flat.view(np.int64)
     over = np.int64(0)
     nonfinite = np.int64(0)
     mag_max = np.int64(0)
     mag_min = np.int64(0x7FFF)
     for i in range(n):
-        r = _round_one(u[i], mbits, bias)
+        r = _round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top)
         mag = r & 0x7FFF
         over |= np.int64(mag >= inf_pattern)
         nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
@@ -151,6 +164,6 @@ def round_to_float(flat, out, mbits, bias, stats):
         return np.int64(-2)
     if over != 0:
         for i in range(n):
-            if (_round_one(u[i], mbits, bias) & 0x7FFF) >= inf_pattern:
+            if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
                 return np.int64(i)
     return np.int64(-1)
