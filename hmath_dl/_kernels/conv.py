@@ -60,129 +60,159 @@ def _fma(typingctx, a, b, c):
 _VW = 8  # lanes of the explicit vector FMA below
 
 
-def _vfma_codegen(ntaps):
-    """LLVM codegen for ``r_j[i:i+8] = fma(w_j[T-1], y_{T-1}[i:i+8], ... fma(w_j[0], y_0[i:i+8],
-    r_j[i:i+8]))`` for four accumulator rows ``r_0..r_3`` and ``ntaps`` input rows ``y_t``
-    (numba arrays, contiguous), index ``i`` and ``4*ntaps`` float64 weights (channel-major).
+@intrinsic
+def _vfma(typingctx, rs, ys, i, ws):
+    """``r_j[i:i+8] = fma(w[j,T-1], y_{T-1}[i:i+8], ... fma(w[j,0], y_0[i:i+8], r_j[i:i+8]))``
+    for the accumulator rows ``rs`` (tuple of R 1-D arrays), the input rows ``ys`` (tuple of
+    T 1-D arrays) and the weights ``ws`` (flat tuple of R*T float64, row-major [j, t]).
 
-    Per element this is exactly the scalar sequence of :func:`_fma` calls in
-    :func:`_taps_4`'s tail loop, so the vector and scalar paths give the same bits.  The
-    8-lane vector type makes LLVM use 512-bit registers where available (its
-    auto-vectoriser stops at 256 bits on this CPU family)."""
+    Per element this is exactly the scalar chain of :func:`_fma` calls, so vector body and
+    scalar tails give the same bits.  The explicit 8-lane vector type makes LLVM use
+    512-bit registers where available (its auto-vectoriser stops at 256 bits on this CPU
+    family); elsewhere it is split into narrower vectors.  Only contiguous (layout 'C')
+    float64 arrays are accepted: the codegen addresses ``data + i`` directly, and the
+    caller guarantees ``i + 8 <= len`` for every row."""
+    if not (isinstance(rs, types.BaseTuple) and isinstance(ys, types.BaseTuple)
+            and isinstance(ws, types.BaseTuple)):
+        return None
+    for a in tuple(rs) + tuple(ys):
+        if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float64
+                and a.ndim == 1):
+            return None
+    if len(ws) != len(rs) * len(ys) or any(t != types.float64 for t in ws):
+        return None
+    nr, nt = len(rs), len(ys)
 
     def codegen(context, builder, signature, args):
-        dbl = llvm_ir.DoubleType()
-        vty = llvm_ir.VectorType(dbl, _VW)
-        fnty = llvm_ir.FunctionType(vty, [vty, vty, vty])
-        fma = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v%df64" % _VW)
-        arrays = [context.make_array(signature.args[k])(context, builder, args[k])
-                  for k in range(4 + ntaps)]
-        idx = args[4 + ntaps]
+        rs_t, ys_t, _, _ = signature.args
+        vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+        fma = cgutils.get_or_insert_function(
+            builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v%df64" % _VW)
+        idx = args[2]
+
+        def vptr(aty, aval):
+            a = context.make_array(aty)(context, builder, aval)
+            return builder.bitcast(builder.gep(a.data, [idx]), vty.as_pointer())
+
         undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
         zero_mask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
         lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
-
-        def vptr(a):
-            return builder.bitcast(builder.gep(a.data, [idx]), vty.as_pointer())
-
-        xs = [builder.load(vptr(arrays[4 + t]), align=8) for t in range(ntaps)]
-        for ch in range(4):
-            p = vptr(arrays[ch])
+        xs = [builder.load(vptr(ys_t[t], builder.extract_value(args[1], t)), align=8)
+              for t in range(nt)]
+        for j in range(nr):
+            p = vptr(rs_t[j], builder.extract_value(args[0], j))
             acc = builder.load(p, align=8)
-            for t in range(ntaps):
-                wv = args[5 + ntaps + ch * ntaps + t]
+            for t in range(nt):
+                wv = builder.extract_value(args[3], j * nt + t)
                 splat = builder.shuffle_vector(builder.insert_element(undef, wv, lane0), undef, zero_mask)
                 acc = builder.call(fma, [splat, xs[t], acc])
             builder.store(acc, p, align=8)
         return context.get_dummy_value()
 
-    return codegen
-
-
-def _vfma_sig(arrays, ntaps, i):
-    """Signature of the vector FMA intrinsics; only unit-stride (layout 'C') float64 arrays
-    are accepted, because the codegen addresses ``data + i`` directly."""
-    for a in arrays:
-        if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float64):
-            raise TypeError("vector FMA: contiguous float64 arrays required (got %s)" % (a,))
-    return types.void(*arrays, i, *([types.float64] * (4 * ntaps)))
-
-
-@intrinsic
-def _vfma3(typingctx, r0, r1, r2, r3, y0, y1, y2, i,
-           a0, b0, c0, a1, b1, c1, a2, b2, c2, a3, b3, c3):
-    return _vfma_sig((r0, r1, r2, r3, y0, y1, y2), 3, i), _vfma_codegen(3)
-
-
-@intrinsic
-def _vfma2(typingctx, r0, r1, r2, r3, y0, y1, i, a0, b0, a1, b1, a2, b2, a3, b3):
-    return _vfma_sig((r0, r1, r2, r3, y0, y1), 2, i), _vfma_codegen(2)
-
-
-@intrinsic
-def _vfma1(typingctx, r0, r1, r2, r3, y0, i, a0, a1, a2, a3):
-    return _vfma_sig((r0, r1, r2, r3, y0), 1, i), _vfma_codegen(1)
+    return types.void(rs, ys, i, ws), codegen
 
 
 @helper
-def _taps_4(acc, ln, xr, xb, dw, w0, w1, w2, w3, taps):
-    """acc[j, i] = fma(w_j[T-1], xr[xb + (T-1)*dw + i], ... fma(w_j[0], xr[xb + i], acc[j, i]))
-    for four channels j, unit stride, ``taps`` = T in 1..3: 8 lanes at a time through the
-    explicit vector FMA, then a scalar tail computing the same expression.
+def _chunk4(acc, ln, xr, xb, toff, t0, T, w0, w1, w2, w3):
+    """For four channels j (weight rows ``w_j``) and the ``T`` (1..9) taps ``t0 .. t0+T-1``
+    at x offsets ``toff``: ``acc[j, i] = fma(w_j[t0+T-1], xr[xb + toff[t0+T-1] + i], ...
+    fma(w_j[t0], xr[xb + toff[t0] + i], acc[j, i]))`` for ``i < ln``.
 
-    (Views + loop index only: a computed index ``xb + i`` makes numba's wraparound check
-    turn the loads into gathers.)"""
-    r0 = acc[0]
-    r1 = acc[1]
-    r2 = acc[2]
-    r3 = acc[3]
-    y0 = xr[xb:]
+    8 lanes at a time through :func:`_vfma` (all 4*T weights held in registers, each
+    accumulator loaded and stored once per chunk), then a scalar tail computing the same
+    expression.  One branch per T because the tuples need a static length (the branches
+    are generated text, kept as plain source so that numba can cache them)."""
+    rs = (acc[0], acc[1], acc[2], acc[3])
     nv = ln - ln % _VW
-    if taps == 3:
-        a0, b0, c0 = w0[0], w0[1], w0[2]
-        a1, b1, c1 = w1[0], w1[1], w1[2]
-        a2, b2, c2 = w2[0], w2[1], w2[2]
-        a3, b3, c3 = w3[0], w3[1], w3[2]
-        y1 = xr[xb + dw:]
-        y2 = xr[xb + 2 * dw:]
+    if T == 1:
+        ys1 = (xr[xb + toff[t0]:],)
+        ws1 = (w0[t0],
+               w1[t0],
+               w2[t0],
+               w3[t0],)
         for i in range(0, nv, _VW):
-            _vfma3(r0, r1, r2, r3, y0, y1, y2, i, a0, b0, c0, a1, b1, c1, a2, b2, c2, a3, b3, c3)
-        for i in range(nv, ln):
-            x0 = y0[i]
-            x1 = y1[i]
-            x2 = y2[i]
-            r0[i] = _fma(c0, x2, _fma(b0, x1, _fma(a0, x0, r0[i])))
-            r1[i] = _fma(c1, x2, _fma(b1, x1, _fma(a1, x0, r1[i])))
-            r2[i] = _fma(c2, x2, _fma(b2, x1, _fma(a2, x0, r2[i])))
-            r3[i] = _fma(c3, x2, _fma(b3, x1, _fma(a3, x0, r3[i])))
-    elif taps == 2:
-        a0, b0 = w0[0], w0[1]
-        a1, b1 = w1[0], w1[1]
-        a2, b2 = w2[0], w2[1]
-        a3, b3 = w3[0], w3[1]
-        y1 = xr[xb + dw:]
+            _vfma(rs, ys1, i, ws1)
+    elif T == 2:
+        ys2 = (xr[xb + toff[t0]:], xr[xb + toff[t0 + 1]:],)
+        ws2 = (w0[t0], w0[t0 + 1],
+               w1[t0], w1[t0 + 1],
+               w2[t0], w2[t0 + 1],
+               w3[t0], w3[t0 + 1],)
         for i in range(0, nv, _VW):
-            _vfma2(r0, r1, r2, r3, y0, y1, i, a0, b0, a1, b1, a2, b2, a3, b3)
-        for i in range(nv, ln):
-            x0 = y0[i]
-            x1 = y1[i]
-            r0[i] = _fma(b0, x1, _fma(a0, x0, r0[i]))
-            r1[i] = _fma(b1, x1, _fma(a1, x0, r1[i]))
-            r2[i] = _fma(b2, x1, _fma(a2, x0, r2[i]))
-            r3[i] = _fma(b3, x1, _fma(a3, x0, r3[i]))
-    else:
-        a0 = w0[0]
-        a1 = w1[0]
-        a2 = w2[0]
-        a3 = w3[0]
+            _vfma(rs, ys2, i, ws2)
+    elif T == 3:
+        ys3 = (xr[xb + toff[t0]:], xr[xb + toff[t0 + 1]:], xr[xb + toff[t0 + 2]:],)
+        ws3 = (w0[t0], w0[t0 + 1], w0[t0 + 2],
+               w1[t0], w1[t0 + 1], w1[t0 + 2],
+               w2[t0], w2[t0 + 1], w2[t0 + 2],
+               w3[t0], w3[t0 + 1], w3[t0 + 2],)
         for i in range(0, nv, _VW):
-            _vfma1(r0, r1, r2, r3, y0, i, a0, a1, a2, a3)
-        for i in range(nv, ln):
-            x0 = y0[i]
-            r0[i] = _fma(a0, x0, r0[i])
-            r1[i] = _fma(a1, x0, r1[i])
-            r2[i] = _fma(a2, x0, r2[i])
-            r3[i] = _fma(a3, x0, r3[i])
+            _vfma(rs, ys3, i, ws3)
+    elif T == 4:
+        ys4 = (xr[xb + toff[t0]:], xr[xb + toff[t0 + 1]:], xr[xb + toff[t0 + 2]:],
+               xr[xb + toff[t0 + 3]:],)
+        ws4 = (w0[t0], w0[t0 + 1], w0[t0 + 2], w0[t0 + 3],
+               w1[t0], w1[t0 + 1], w1[t0 + 2], w1[t0 + 3],
+               w2[t0], w2[t0 + 1], w2[t0 + 2], w2[t0 + 3],
+               w3[t0], w3[t0 + 1], w3[t0 + 2], w3[t0 + 3],)
+        for i in range(0, nv, _VW):
+            _vfma(rs, ys4, i, ws4)
+    elif T == 5:
+        ys5 = (xr[xb + toff[t0]:], xr[xb + toff[t0 + 1]:], xr[xb + toff[t0 + 2]:],
+               xr[xb + toff[t0 + 3]:], xr[xb + toff[t0 + 4]:],)
+        ws5 = (w0[t0], w0[t0 + 1], w0[t0 + 2], w0[t0 + 3], w0[t0 + 4],
+               w1[t0], w1[t0 + 1], w1[t0 + 2], w1[t0 + 3], w1[t0 + 4],
+               w2[t0], w2[t0 + 1], w2[t0 + 2], w2[t0 + 3], w2[t0 + 4],
+               w3[t0], w3[t0 + 1], w3[t0 + 2], w3[t0 + 3], w3[t0 + 4],)
+        for i in range(0, nv, _VW):
+            _vfma(rs, ys5, i, ws5)
+    elif T == 6:
+        ys6 = (xr[xb + toff[t0]:], xr[xb + toff[t0 + 1]:], xr[xb + toff[t0 + 2]:],
+               xr[xb + toff[t0 + 3]:], xr[xb + toff[t0 + 4]:], xr[xb + toff[t0 + 5]:],)
+        ws6 = (w0[t0], w0[t0 + 1], w0[t0 + 2], w0[t0 + 3], w0[t0 + 4], w0[t0 + 5],
+               w1[t0], w1[t0 + 1], w1[t0 + 2], w1[t0 + 3], w1[t0 + 4], w1[t0 + 5],
+               w2[t0], w2[t0 + 1], w2[t0 + 2], w2[t0 + 3], w2[t0 + 4], w2[t0 + 5],
+               w3[t0], w3[t0 + 1], w3[t0 + 2], w3[t0 + 3], w3[t0 + 4], w3[t0 + 5],)
+        for i in range(0, nv, _VW):
+            _vfma(rs, ys6, i, ws6)
+    elif T == 7:
+        ys7 = (xr[xb + toff[t0]:], xr[xb + toff[t0 + 1]:], xr[xb + toff[t0 + 2]:],
+               xr[xb + toff[t0 + 3]:], xr[xb + toff[t0 + 4]:], xr[xb + toff[t0 + 5]:],
+               xr[xb + toff[t0 + 6]:],)
+        ws7 = (w0[t0], w0[t0 + 1], w0[t0 + 2], w0[t0 + 3], w0[t0 + 4], w0[t0 + 5], w0[t0 + 6],
+               w1[t0], w1[t0 + 1], w1[t0 + 2], w1[t0 + 3], w1[t0 + 4], w1[t0 + 5], w1[t0 + 6],
+               w2[t0], w2[t0 + 1], w2[t0 + 2], w2[t0 + 3], w2[t0 + 4], w2[t0 + 5], w2[t0 + 6],
+               w3[t0], w3[t0 + 1], w3[t0 + 2], w3[t0 + 3], w3[t0 + 4], w3[t0 + 5], w3[t0 + 6],)
+        for i in range(0, nv, _VW):
+            _vfma(rs, ys7, i, ws7)
+    elif T == 8:
+        ys8 = (xr[xb + toff[t0]:], xr[xb + toff[t0 + 1]:], xr[xb + toff[t0 + 2]:],
+               xr[xb + toff[t0 + 3]:], xr[xb + toff[t0 + 4]:], xr[xb + toff[t0 + 5]:],
+               xr[xb + toff[t0 + 6]:], xr[xb + toff[t0 + 7]:],)
+        ws8 = (w0[t0], w0[t0 + 1], w0[t0 + 2], w0[t0 + 3], w0[t0 + 4], w0[t0 + 5], w0[t0 + 6], w0[t0 + 7],
+               w1[t0], w1[t0 + 1], w1[t0 + 2], w1[t0 + 3], w1[t0 + 4], w1[t0 + 5], w1[t0 + 6], w1[t0 + 7],
+               w2[t0], w2[t0 + 1], w2[t0 + 2], w2[t0 + 3], w2[t0 + 4], w2[t0 + 5], w2[t0 + 6], w2[t0 + 7],
+               w3[t0], w3[t0 + 1], w3[t0 + 2], w3[t0 + 3], w3[t0 + 4], w3[t0 + 5], w3[t0 + 6], w3[t0 + 7],)
+        for i in range(0, nv, _VW):
+            _vfma(rs, ys8, i, ws8)
+    elif T == 9:
+        ys9 = (xr[xb + toff[t0]:], xr[xb + toff[t0 + 1]:], xr[xb + toff[t0 + 2]:],
+               xr[xb + toff[t0 + 3]:], xr[xb + toff[t0 + 4]:], xr[xb + toff[t0 + 5]:],
+               xr[xb + toff[t0 + 6]:], xr[xb + toff[t0 + 7]:], xr[xb + toff[t0 + 8]:],)
+        ws9 = (w0[t0], w0[t0 + 1], w0[t0 + 2], w0[t0 + 3], w0[t0 + 4], w0[t0 + 5], w0[t0 + 6], w0[t0 + 7], w0[t0 + 8],
+               w1[t0], w1[t0 + 1], w1[t0 + 2], w1[t0 + 3], w1[t0 + 4], w1[t0 + 5], w1[t0 + 6], w1[t0 + 7], w1[t0 + 8],
+               w2[t0], w2[t0 + 1], w2[t0 + 2], w2[t0 + 3], w2[t0 + 4], w2[t0 + 5], w2[t0 + 6], w2[t0 + 7], w2[t0 + 8],
+               w3[t0], w3[t0 + 1], w3[t0 + 2], w3[t0 + 3], w3[t0 + 4], w3[t0 + 5], w3[t0 + 6], w3[t0 + 7], w3[t0 + 8],)
+        for i in range(0, nv, _VW):
+            _vfma(rs, ys9, i, ws9)
+    ws_rows = (w0, w1, w2, w3)
+    for i in range(nv, ln):
+        for j in range(4):
+            wr = ws_rows[j]
+            a = acc[j, i]
+            for t in range(t0, t0 + T):
+                a = _fma(wr[t], xr[xb + toff[t] + i], a)
+            acc[j, i] = a
 
 
 @helper
@@ -263,11 +293,20 @@ def conv_forward(xp, w, bias, has_bias, groups, sd, sh, sw, dd, dh, dw, out):
     xf = xp.reshape((N, Cin, Dp * HWp))
     Cog = Cout // groups
     nblk = (Cog + _CB - 1) // _CB
+    KT = KD * KH * KW
+    w3 = w.reshape((Cout, Cg, KT))
+    toff = np.empty(KT, dtype=np.int64)     # x offset of every tap, taps in (kd, kh, kw) order
+    for kd in range(KD):
+        for kh in range(KH):
+            for kw in range(KW):
+                toff[(kd * KH + kh) * KW + kw] = kd * dd * HWp + kh * dh * Wp + kw * dw
     fast = sd == 1 and sh == 1 and sw == 1
     if fast:
         total = (OD - 1) * HWp + (OH - 1) * Wp + OW
         nseg = (total + _SEG - 1) // _SEG
         seglen = (total + nseg - 1) // nseg
+        seglen = ((seglen + _VW - 1) // _VW) * _VW     # vector tails only in the last segment
+        nseg = (total + seglen - 1) // seglen
     else:
         total = OW
         seglen = OW
@@ -295,23 +334,24 @@ def conv_forward(xp, w, bias, has_bias, groups, sd, sh, sw, dd, dh, dw, out):
         acc = np.zeros((_CB, seglen))
         for cl in range(Cg):
             xr = xf[n, g * Cg + cl]
-            for kd in range(KD):
-                for kh in range(KH):
-                    kw = 0
-                    while kw < KW:
-                        taps = min(3, KW - kw)
-                        xb = xb0 + kd * dd * HWp + kh * dh * Wp + kw * dw
-                        if nb == _CB and sw == 1:
-                            _taps_4(acc, ln, xr, xb, dw,
-                                    w[co0, cl, kd, kh, kw:kw + taps],
-                                    w[co0 + 1, cl, kd, kh, kw:kw + taps],
-                                    w[co0 + 2, cl, kd, kh, kw:kw + taps],
-                                    w[co0 + 3, cl, kd, kh, kw:kw + taps], taps)
-                        else:
+            if nb == _CB and sw == 1:
+                t0 = 0
+                while t0 < KT:
+                    T = min(9, KT - t0)
+                    _chunk4(acc, ln, xr, xb0, toff, t0, T, w3[co0, cl], w3[co0 + 1, cl],
+                            w3[co0 + 2, cl], w3[co0 + 3, cl])
+                    t0 += T
+            else:
+                for kd in range(KD):
+                    for kh in range(KH):
+                        kw = 0
+                        while kw < KW:
+                            taps = min(3, KW - kw)
+                            xb = xb0 + kd * dd * HWp + kh * dh * Wp + kw * dw
                             for j in range(nb):
                                 _taps_1(acc, j, ln, xr, xb, sw, dw,
                                         w[co0 + j, cl, kd, kh, kw:kw + taps], taps)
-                        kw += taps
+                            kw += taps
         for j in range(nb):
             co = co0 + j
             bv = bias[co] if has_bias else 0.0
