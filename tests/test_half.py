@@ -358,6 +358,22 @@ def test_fused_and_separate_kernels_agree_bitwise(p, monkeypatch):
     assert same_bits(fused[:4], expect)
 
 
+@pytest.mark.parametrize("p", [FP16, BF16])
+def test_parallel_and_serial_kernels_agree_and_match_oracle(p, monkeypatch):
+    import hmath_dl.precision.half as half_mod
+    rng = np.random.default_rng(22)
+    a = rng.standard_normal((130, 256)).astype(np.float32).astype(np.float64)
+    b = rng.standard_normal((256, 300)).astype(np.float32).astype(np.float64)
+    assert 130 * 256 * 300 > half_mod._SERIAL_GEMM_WORK          # the parallel kernel
+    parallel = reduced_gemm(p, a, b)
+    dt = np.float16 if p is FP16 else ml_dtypes.bfloat16
+    a16 = a.astype(np.float32).astype(dt).astype(np.float64)  # single rounding from float32
+    b16 = b.astype(np.float32).astype(dt).astype(np.float64)
+    assert same_bits(parallel, ref.reduced_gemm_f32(a16, b16)[0])
+    monkeypatch.setattr(half_mod, "_SERIAL_GEMM_WORK", 1 << 40)
+    assert same_bits(reduced_gemm(p, a, b), parallel)
+
+
 def test_exact_fma_guard_catches_product_overflow_hidden_by_cancellation():
     # k=0: acc = -2**127; k=1: p = fl32(2**100 * 2**28) = +inf, so acc = inf: overflow.
     # A fused a*b + acc would give the finite 2**127 and hide it.

@@ -28,7 +28,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._jit import kernel
+from ._jit import helper, kernel
 
 MR = 6                # rows per micro-tile
 NV = 4                # 16-lane vectors per micro-tile row
@@ -141,6 +141,55 @@ _micro_tile = intrinsic(_micro_tile_codegen(False))
 _micro_tile_fma = intrinsic(_micro_tile_codegen(True))
 
 
+@helper
+def _task(flat_a, b, out, fused, jb, g, group):
+    """One task: column panel ``jb`` x row blocks ``[g*group, (g+1)*group)``.  Packs the B
+    panel into a private buffer, runs the micro-kernel over the row blocks and converts
+    each tile to float64.  Returns the first flat index of a non-finite output it wrote,
+    or -1."""
+    M, N = out.shape
+    K = b.shape[0]
+    mb = (M + MR - 1) // MR
+    j0 = jb * NR
+    width = min(NR, N - j0)
+    panel = np.zeros(K * NR, dtype=np.float32)
+    for k in range(K):
+        for c in range(width):
+            panel[k * NR + c] = b[k, j0 + c]
+    tile = np.empty(MR * NR, dtype=np.float32)
+    nonfinite = np.int64(0)
+    for ib in range(g * group, min(mb, (g + 1) * group)):
+        i0 = ib * MR
+        rows = min(MR, M - i0)
+        if fused:
+            _micro_tile_fma(flat_a, i0 * K, K, rows, panel, 0, tile, 0, K, NR)
+        else:
+            _micro_tile(flat_a, i0 * K, K, rows, panel, 0, tile, 0, K, NR)
+        for r in range(rows):
+            for c in range(width):
+                v = np.float64(tile[r * NR + c])
+                out[i0 + r, j0 + c] = v
+                nonfinite |= np.int64(v * 0.0 != 0.0)   # NaN exactly for NaN/+-inf
+    bad = np.int64(-1)
+    if nonfinite != 0:                              # rare: find the first offending output
+        for i in range(g * group * MR, min(M, (g + 1) * group * MR)):
+            for j in range(j0, j0 + width):
+                if bad < 0 and not np.isfinite(out[i, j]):
+                    bad = np.int64(i) * N + j
+    return bad
+
+
+@helper
+def _tasks(M, N):
+    """(number of row groups, row blocks per group).  Row blocks are split into groups
+    only when there are few column panels (each task packs its panel, so fewer groups
+    means less repeated packing)."""
+    mb = (M + MR - 1) // MR
+    nb = (N + NR - 1) // NR
+    ng = max(1, min((mb + MIN_GROUP - 1) // MIN_GROUP, (MIN_TASKS + nb - 1) // nb))
+    return ng, (mb + ng - 1) // ng
+
+
 @kernel
 def gemm_f32_seq(a, b, out, fused):
     """``out[i, j] = float64(acc)`` as described in the module docstring.  ``a`` [M, K] and
@@ -153,52 +202,37 @@ def gemm_f32_seq(a, b, out, fused):
     overflows nor loses bits below 2**-126: then ``RN(a*b + acc) = RN(fl32(a*b) + acc)``
     exactly, including signed zeros.  The caller proves that from the operands' ranges.
 
-    One parallel loop over tasks (column panel ``jb``, group of row blocks): each
-    task packs its B panel into a private buffer, then runs the micro-kernel over its row
-    blocks and converts the tile to float64."""
-    M, K = a.shape
+    One parallel loop over the tasks of :func:`_task`; every output is written by exactly
+    one task with the same k order, so the result does not depend on the thread count."""
+    M = a.shape[0]
     N = b.shape[1]
-    mb = (M + MR - 1) // MR
-    nb = (N + NR - 1) // NR
-    # split row blocks into groups only when there are few column panels (each task packs
-    # its panel, so fewer groups means less repeated packing)
-    ng = max(1, min((mb + MIN_GROUP - 1) // MIN_GROUP, (MIN_TASKS + nb - 1) // nb))
-    group = (mb + ng - 1) // ng
-    ntasks = nb * ng
+    ng, group = _tasks(M, N)
+    ntasks = ((N + NR - 1) // NR) * ng
     flat_a = a.reshape(-1)
     first_bad = np.full(ntasks, -1, dtype=np.int64)
     for t in prange(ntasks):
         jb = t // ng
-        g = t - jb * ng
-        j0 = jb * NR
-        width = min(NR, N - j0)
-        panel = np.zeros(K * NR, dtype=np.float32)
-        for k in range(K):
-            for c in range(width):
-                panel[k * NR + c] = b[k, j0 + c]
-        tile = np.empty(MR * NR, dtype=np.float32)
-        nonfinite = np.int64(0)
-        for ib in range(g * group, min(mb, (g + 1) * group)):
-            i0 = ib * MR
-            rows = min(MR, M - i0)
-            if fused:
-                _micro_tile_fma(flat_a, i0 * K, K, rows, panel, 0, tile, 0, K, NR)
-            else:
-                _micro_tile(flat_a, i0 * K, K, rows, panel, 0, tile, 0, K, NR)
-            for r in range(rows):
-                for c in range(width):
-                    v = np.float64(tile[r * NR + c])
-                    out[i0 + r, j0 + c] = v
-                    nonfinite |= np.int64(v * 0.0 != 0.0)   # NaN exactly for NaN/+-inf
-        bad = np.int64(-1)
-        if nonfinite != 0:                          # rare: find the first offending output
-            for i in range(g * group * MR, min(M, (g + 1) * group * MR)):
-                for j in range(j0, j0 + width):
-                    if bad < 0 and not np.isfinite(out[i, j]):
-                        bad = np.int64(i) * N + j
-        first_bad[t] = bad
+        first_bad[t] = _task(flat_a, b, out, fused, jb, t - jb * ng, group)
     best = np.int64(-1)
     for t in range(ntasks):
         if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
             best = first_bad[t]
+    return best
+
+
+@helper
+def gemm_f32_seq_serial(a, b, out, fused):
+    """:func:`gemm_f32_seq` without a parallel launch (bitwise the same result), for
+    products too small to repay the start of the thread pool."""
+    M = a.shape[0]
+    N = b.shape[1]
+    ng, group = _tasks(M, N)
+    ntasks = ((N + NR - 1) // NR) * ng
+    flat_a = a.reshape(-1)
+    best = np.int64(-1)
+    for t in range(ntasks):
+        jb = t // ng
+        bad = _task(flat_a, b, out, fused, jb, t - jb * ng, group)
+        if bad >= 0 and (best < 0 or bad < best):
+            best = bad
     return best

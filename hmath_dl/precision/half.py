@@ -231,6 +231,8 @@ def _decode_magnitudes(precision, patterns):
 _F32_MIN_NORMAL = 2.0 ** -126
 _F32_OVERFLOW = 2.0 ** 128
 ALLOW_EXACT_FMA = True
+# multiply-adds up to which reduced_gemm runs its serial kernel (same bits as the parallel one)
+_SERIAL_GEMM_WORK = 1 << 22
 
 
 def _products_exact(range_a, range_b) -> bool:
@@ -305,7 +307,10 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         out[...] = 0.0
         return out
     fused = _products_exact(range_a, range_b)
-    bad = int(_kgemm.gemm_f32_seq(a32, b32, out, fused))
+    if m * n * k <= _SERIAL_GEMM_WORK:      # a parallel launch would cost more than it saves
+        bad = int(_kgemm.gemm_f32_seq_serial(a32, b32, out, fused))
+    else:
+        bad = int(_kgemm.gemm_f32_seq(a32, b32, out, fused))
     if bad >= 0:
         i, j = _where(out.shape, bad)
         raise NumericOverflow(
