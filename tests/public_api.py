@@ -26,6 +26,7 @@ class Spec:
     name: str
     params: Tuple[str, ...]
     valid: Callable  # () -> hypothesis strategy of argument tuples
+    allowed: Tuple[type, ...] = ()  # documented extra exceptions (check_gradients: AssertionError)
 
     @property
     def key(self) -> str:
@@ -38,11 +39,11 @@ class Spec:
 SPECS = {}
 
 
-def spec(module, params):
+def spec(module, params, allowed=()):
     """Register the decorated strategy factory for ``module.<factory name>``."""
 
     def wrap(factory):
-        s = Spec(module, factory.__name__.rstrip("_"), tuple(params), factory)
+        s = Spec(module, factory.__name__.rstrip("_"), tuple(params), factory, tuple(allowed))
         SPECS[s.key] = s
         return factory
 
@@ -668,3 +669,78 @@ def gradient_norm_():
 def clip_gradients_():
     return clip_gradients()
 
+
+
+# ----------------------------------------------------------------------------- beyond the seed
+@spec(L, ["output_padding", "options", "x", "w", "bias"])
+def transposed_convolution_ad():
+    return transposed_convolution().map(
+        lambda a: (a[0], a[1], V(a[2]), V(a[3]), None if a[4] is None else V(a[4])))
+
+
+@spec(L, ["mode", "window", "stride", "padding", "x"])
+def pooling_ad():
+    return pooling().map(lambda a: a[:4] + (V(a[4]),))
+
+
+@spec(L, ["mode", "momentum", "epsilon", "gamma", "beta", "state", "x"])
+def batch_norm_ad():
+    return batch_norm().map(lambda a: a[:3] + (V(a[3]), V(a[4]), a[5], V(a[6])))
+
+
+@spec(L, ["weights", "indices"])
+def embedding_ad():
+    return embedding().map(lambda a: (V(a[0]), a[1]))
+
+
+@spec(L, ["mode", "p", "rng", "x"])
+def dropout_ad():
+    return dropout().map(lambda a: a[:3] + (V(a[3]),))
+
+
+@spec(L, ["heads", "q", "k", "v", "mask"])
+def multihead_attention_ad():
+    return multihead_attention().map(lambda a: (a[0], V(a[1]), V(a[2]), V(a[3]), a[4]))
+
+
+@spec(D, ["fn", "inputs"], allowed=(AssertionError,))
+def check_gradients():
+    fns = [lambda x: mod(D).sum(mod(D).tanh(x) * x), lambda x: mod(D).exp(x) * 2.0]
+    return st.composite(lambda draw: (draw(st.sampled_from(fns)),
+                                      [normal(gen(draw), small_shape(draw, max_side=3))]))()
+
+
+O = "hmath_dl.optim"
+
+
+def _params(draw):
+    g = gen(draw)
+    return [normal(g, small_shape(draw)) for _ in range(draw(st.integers(1, 3)))]
+
+
+@spec(O, ["params"])
+def sgd_init():
+    return st.composite(lambda draw: (_params(draw),))()
+
+
+@spec(O, ["params"])
+def adamw_init():
+    return st.composite(lambda draw: (_params(draw),))()
+
+
+def _step_case(init_name, draw):
+    params = _params(draw)
+    g = gen(draw)
+    grads = [normal(g, p.shape) for p in params]
+    state = getattr(mod(O), init_name)(params)
+    return (state, params, grads, draw(st.floats(1e-5, 0.1)))
+
+
+@spec(O, ["state", "params", "grads", "lr"])
+def sgd_step():
+    return st.composite(lambda draw: _step_case("sgd_init", draw))()
+
+
+@spec(O, ["state", "params", "grads", "lr"])
+def adamw_step():
+    return st.composite(lambda draw: _step_case("adamw_init", draw))()

@@ -101,7 +101,8 @@ def _hostile_values(value):
         if value.ndim > 1:
             out.append(value[0])
     elif isinstance(value, np.ndarray) and value.dtype.kind in "iu" and value.size:
-        out += [value + 10**6, value - 10**6, value.astype(np.float64), value[None]]
+        wide = value.astype(np.int64)
+        out += [wide + 10**6, wide - 10**6, value.astype(np.float64), value[None]]
     elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         out += [value + 1, value - 1, -value, value * 1000]
     elif isinstance(value, float):
@@ -129,6 +130,8 @@ def test_valid_arguments(key):
         except MathError as exc:
             assert spec.name in str(exc), f"message does not name {spec.name}: {exc}"
             return
+        except spec.allowed:
+            return
         finally:
             COUNTS["valid"] += 1
             assert _snapshot(args) == before, f"{spec.name} mutated an input"
@@ -152,6 +155,8 @@ def test_hostile_arguments(key):
         COUNTS["invalid"] += 1
         try:
             result = _call(spec, bad, by_keyword=False)
+        except spec.allowed:
+            pass
         except (MathError, TypeError) as exc:
             assert spec.name in str(exc), (
                 f"{spec.name}({spec.params[index]}={hostile!r:.80}) raised "
