@@ -232,7 +232,7 @@ _F32_MIN_NORMAL = 2.0 ** -126
 _F32_OVERFLOW = 2.0 ** 128
 ALLOW_EXACT_FMA = True
 # multiply-adds up to which reduced_gemm runs its serial kernel (same bits as the parallel one)
-_SERIAL_GEMM_WORK = 1 << 22
+_SERIAL_GEMM_WORK = 1 << 24
 
 
 def _products_exact(range_a, range_b) -> bool:
