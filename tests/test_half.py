@@ -362,9 +362,9 @@ def test_fused_and_separate_kernels_agree_bitwise(p, monkeypatch):
 def test_parallel_and_serial_kernels_agree_and_match_oracle(p, monkeypatch):
     import hmath_dl.precision.half as half_mod
     rng = np.random.default_rng(22)
-    a = rng.standard_normal((130, 256)).astype(np.float32).astype(np.float64)
-    b = rng.standard_normal((256, 300)).astype(np.float32).astype(np.float64)
-    assert 130 * 256 * 300 > half_mod._SERIAL_GEMM_WORK          # the parallel kernel
+    a = rng.standard_normal((130, 520)).astype(np.float32).astype(np.float64)
+    b = rng.standard_normal((520, 300)).astype(np.float32).astype(np.float64)
+    assert 130 * 520 * 300 > half_mod._SERIAL_GEMM_WORK          # the parallel kernel
     parallel = reduced_gemm(p, a, b)
     dt = np.float16 if p is FP16 else ml_dtypes.bfloat16
     a16 = a.astype(np.float32).astype(dt).astype(np.float64)  # single rounding from float32
