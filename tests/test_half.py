@@ -462,7 +462,7 @@ def test_determinism_across_thread_counts():
         from hmath_dl.precision import Precision, reduced_gemm, round_to_bits, round_to_precision, bits_to_float
         rng = np.random.default_rng(0)
         x = rng.standard_normal(50_000) * 1000
-        a = rng.standard_normal((200, 300)); b = rng.standard_normal((300, 200))  # 8 parallel tasks
+        a = rng.standard_normal((260, 300)); b = rng.standard_normal((300, 260))  # parallel kernel
         out = [round_to_bits(Precision.FP16, x).tobytes(), round_to_precision(Precision.BF16, x).tobytes(),
                bits_to_float(Precision.BF16, np.arange(0, 65536, 3) & 0x7F7F).tobytes(),
                reduced_gemm(Precision.BF16, a, b).tobytes(), reduced_gemm(Precision.FP16, a, b).tobytes()]
