@@ -523,29 +523,52 @@ def gemm_vnni(ap, bp, m, n, kk, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_ac
 
     Output tiles of ``8 x 32``; one parallel task = ``_TILES_PER_TASK`` consecutive tiles
     (column panel major, so a task reuses its B panel from L1).  The micro-kernel yields
-    ``sum_k (qa+128) qb`` per output; then
-    ``acc = that - cb[j] * (128 + za[i]) - zb[j] * (ra[i] - K * za[i])``, which equals
-    ``sum_k (qa - za)(qb - zb)``.  ``bad_acc[task]`` / ``bad_fin[task]``: smallest flat
-    output index ``i * n + j`` of the task whose accumulator leaves int32 / whose result
-    is not finite (``_NO_INDEX`` if none)."""
+    ``T = sum_k (qa+128) qb`` per output; then
+    ``acc = T - cb[j] * (128 + za[i]) - zb[j] * (ra[i] - K * za[i])``, which equals
+    ``sum_k (qa - za)(qb - zb)``.
+
+    For ``K <= 65536`` (one int32 chunk) the epilogue runs in float64, which is exact
+    there: ``|T| < 2**31``, ``|cb[j] * (128 + za[i])| <= K * 128 * 256 <= 2**31`` and
+    ``|zb[j] * (ra[i] - K * za[i])| <= 128 * K * 256 <= 2**31``, so every intermediate is
+    an integer far below ``2**53`` (the float value is the exact integer ``acc``, and the
+    result ``(sa[i] * sb[j]) * acc`` is the same float64 product as with an int64
+    epilogue).  Longer K accumulate the chunks and correct in int64.
+
+    ``bad_acc[task]`` / ``bad_fin[task]``: smallest flat output index ``i * n + j`` of the
+    task whose accumulator leaves int32 / whose result is not finite (``_NO_INDEX`` if
+    none)."""
     nrg = mp // _MR
     npanel = np_ // _NR
     kq = kp // 4
     kk64 = np.int64(kk)
     ntiles = nrg * npanel
     ntask = (ntiles + _TILES_PER_TASK - 1) // _TILES_PER_TASK
+    single = kq <= _VNNI_KCHUNK_Q
+    cbf = np.empty(np_, dtype=np.float64)
+    zbf = np.empty(np_, dtype=np.float64)
+    sbp = np.empty(np_, dtype=np.float64)
+    for j in range(np_):
+        if j < n:
+            cbf[j] = np.float64(cb[j])
+            zbf[j] = np.float64(zb[j])
+            sbp[j] = sb[j]
+        else:
+            cbf[j] = 0.0
+            zbf[j] = 0.0
+            sbp[j] = 0.0
     for task in prange(ntask):
         tmp = np.empty(_MR * _NR, dtype=np.int32)
         acc = np.empty(_MR * _NR, dtype=np.int64)
+        row = np.empty(_NR, dtype=np.float64)
         ba = _NO_INDEX
         bf = _NO_INDEX
         for tile in range(task * _TILES_PER_TASK, min(ntiles, (task + 1) * _TILES_PER_TASK)):
             p = tile // nrg
             rg = tile % nrg
-            if kq <= _VNNI_KCHUNK_Q:
+            j0 = p * _NR
+            ncol = min(_NR, n - j0)
+            if single:
                 _vnni_tile(ap, rg * _MR * kp, kp, bp, p * kq * 128, kq, tmp)
-                for e in range(_MR * _NR):
-                    acc[e] = tmp[e]
             else:
                 for e in range(_MR * _NR):
                     acc[e] = 0
@@ -554,8 +577,6 @@ def gemm_vnni(ap, bp, m, n, kk, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_ac
                     _vnni_tile(ap, rg * _MR * kp + 4 * q0, kp, bp, (p * kq + q0) * 128, nq, tmp)
                     for e in range(_MR * _NR):
                         acc[e] += np.int64(tmp[e])
-            j0 = p * _NR
-            ncol = min(_NR, n - j0)
             for r in range(_MR):
                 i = rg * _MR + r
                 if i >= m:
@@ -564,16 +585,32 @@ def gemm_vnni(ap, bp, m, n, kk, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_ac
                 v = ra[i] - kk64 * za[i]
                 si = sa[i]
                 flag = False
-                for col in range(ncol):
-                    j = j0 + col
-                    a = acc[r * _NR + col] - cb[j] * u - zb[j] * v
-                    o = (si * sb[j]) * np.float64(a)
-                    out[i, j] = o
-                    flag |= (a < _INT32_MIN) | (a > _INT32_MAX) | ((o - o) != 0.0)
-                if flag:
+                if single:
+                    uf = np.float64(u)
+                    vf = np.float64(v)
+                    # fixed trip count (padded columns compute harmless zeros)
+                    for col in range(_NR):
+                        a = np.float64(tmp[r * _NR + col]) - cbf[j0 + col] * uf \
+                            - zbf[j0 + col] * vf
+                        o = (si * sbp[j0 + col]) * a
+                        row[col] = o
+                        flag |= (a < -2147483648.0) | (a > 2147483647.0) | ((o - o) != 0.0)
+                    for col in range(ncol):
+                        out[i, j0 + col] = row[col]
+                else:
                     for col in range(ncol):
                         j = j0 + col
                         a = acc[r * _NR + col] - cb[j] * u - zb[j] * v
+                        o = (si * sb[j]) * np.float64(a)
+                        out[i, j] = o
+                        flag |= (a < _INT32_MIN) | (a > _INT32_MAX) | ((o - o) != 0.0)
+                if flag:
+                    for col in range(ncol):
+                        j = j0 + col
+                        if single:
+                            a = np.int64(tmp[r * _NR + col]) - cb[j] * u - zb[j] * v
+                        else:
+                            a = acc[r * _NR + col] - cb[j] * u - zb[j] * v
                         if a < _INT32_MIN or a > _INT32_MAX:
                             ba = min(ba, i * n + j)
                             out[i, j] = 0.0
