@@ -259,3 +259,14 @@ def test_bitwise_identical_for_1_and_2_threads():
             for o in (pooling(mode, 3, 2, 1, x), adaptive_pooling(mode, (5, 7), x), global_pooling(mode, x)):
                 sys.stdout.buffer.write(o.tobytes())
     """)
+
+
+def test_adaptive_output_larger_than_a_unit_axis():
+    """Regression: a unit leading axis with more than one output bin (bins [0, 1) repeated)."""
+    x = np.random.default_rng(12).standard_normal((2, 3, 1, 4, 1))
+    for mode in PoolMode:
+        check(adaptive_pooling(mode, (2, 3, 3), x),
+              adaptive_pool_reference(mode is PoolMode.MAX, x, (2, 3, 3)), x, mode)
+    x2 = x.reshape(2, 3, 1, 4)
+    for mode in PoolMode:
+        check(adaptive_pooling(mode, (3, 2), x2), adaptive_pool_reference(mode is PoolMode.MAX, x2, (3, 2)), x2, mode)

@@ -8,8 +8,8 @@ facade guarantees ``lo[i] < hi[i]``).  The window of output ``(od, oh, ow)`` is 
 ``[lo_d[od], hi_d[od]) x [lo_h[oh], hi_h[oh]) x [lo_w[ow], hi_w[ow])``.
 
 * :func:`pool_boxes` - max or average (sum / number of elements in the box), computed
-  separably: along W, then H, then D.  For max this is exactly the box maximum; for the
-  average the sum is formed in the fixed order (w, then h, then d) and divided once by
+  separably: along D, then H, then W.  For max this is exactly the box maximum; for the
+  average the sum is formed in the fixed order (d, then h, then w) and divided once by
   the element count.
 * :func:`max_pool_argmax` - box maximum together with the flat index ``d*H*W + h*W + w``
   (within the input's spatial volume of that (n, c)) of its winner: the FIRST maximum in
@@ -77,19 +77,30 @@ def _reduce_cols(src, lo, hi, is_max, dst):
 @kernel
 def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max, out):
     """Max or average of every window box of ``x [N, C, D, H, W]`` into
-    ``out [N, C, OD, OH, OW]`` (see module docstring)."""
+    ``out [N, C, OD, OH, OW]`` (see module docstring).
+
+    Returns a status: the number of (n, c) planes whose input holds a NaN/inf or whose
+    output is not finite (0 when all is well); the caller turns it into an error.  (The
+    input check rides on the plane being hot in cache, so the facade need not scan x
+    beforehand.)"""
     N, C, D, H, W = x.shape
     OD, OH, OW = out.shape[2], out.shape[3], out.shape[4]
+    bad = 0
     for t in prange(N * C):
         n = t // C
         c = t % C
-        t1 = np.empty((D * H, OW))
-        _reduce_rows(x[n, c].reshape((D * H, W)), lo_w, hi_w, is_max, t1)
-        t2 = np.empty((D, OH, OW))
-        _reduce_cols(t1.reshape((D, H, OW)), lo_h, hi_h, is_max, t2)
+        plane = x[n, c]
         o = out[n, c]
-        _reduce_cols(t2.reshape((1, D, OH * OW)), lo_d, hi_d, is_max,
-                     o.reshape((1, OD, OH * OW)))
+        # D, then H (both vectorised along contiguous rows), then W on the smallest array
+        if D == 1 and OD == 1:      # the only D window is [0, 1)
+            t1 = plane
+        else:
+            t1 = np.empty((OD, H, W))
+            _reduce_cols(plane.reshape((1, D, H * W)), lo_d, hi_d, is_max,
+                         t1.reshape((1, OD, H * W)))
+        t2 = np.empty((OD, OH, W))
+        _reduce_cols(t1, lo_h, hi_h, is_max, t2)
+        _reduce_rows(t2.reshape((OD * OH, W)), lo_w, hi_w, is_max, o.reshape((OD * OH, OW)))
         if not is_max:
             for od in range(OD):
                 cd = hi_d[od] - lo_d[od]
@@ -98,6 +109,18 @@ def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max, out):
                     row = o[od, oh]
                     for ow in range(OW):
                         row[ow] = row[ow] / (ch * (hi_w[ow] - lo_w[ow]))
+        # x * 0 is NaN exactly for NaN/inf x: one branch-free pass over the cached plane
+        z = 0.0
+        flat = plane.reshape(D * H * W)
+        for i in range(D * H * W):
+            z += flat[i] * 0.0
+        if not is_max:
+            of = o.reshape(OD * OH * OW)
+            for i in range(OD * OH * OW):
+                z += of[i] * 0.0
+        if z != 0.0:
+            bad += 1
+    return bad
 
 
 @kernel
@@ -157,10 +180,11 @@ def _bounds3(bounds):
 def pool_nd(x, bounds, is_max, out):
     """Validated entry point: ``x [N, C, *S]`` (C-contiguous float64), ``bounds`` one
     ``(lo, hi)`` pair of int64 arrays per spatial axis (nonempty, clipped ranges), ``out``
-    preallocated ``[N, C, *O]``.  Fills and returns ``out``."""
+    preallocated ``[N, C, *O]``.  Fills ``out``; returns the kernel status (the number of
+    (n, c) planes with a non-finite input or output value; 0 when all is finite)."""
     if out.size:
-        pool_boxes(_as5(x), *_bounds3(bounds), bool(is_max), _out5(out))
-    return out
+        return int(pool_boxes(_as5(x), *_bounds3(bounds), bool(is_max), _out5(out)))
+    return 0
 
 
 def max_pool_argmax_nd(x, bounds, out, idx):

@@ -31,15 +31,16 @@ class PoolMode(enum.Enum):
 
 def _input(fname, mode, x):
     mode = _checks.member(fname, "mode", mode, PoolMode)
-    x = _checks.tensor(fname, "x", x, min_ndim=3, max_ndim=5, nonempty=True)
+    # finiteness is checked by the kernel (status), on the data it reads anyway
+    x = _checks.tensor(fname, "x", x, min_ndim=3, max_ndim=5, nonempty=True, finite=False)
     return mode, x
 
 
 def _run(fname, mode, x, out_spatial, bounds_of):
     out = _checks.alloc(fname, x.shape[:2] + tuple(out_spatial))
     bounds = [bounds_of(a) for a in range(x.ndim - 2)]
-    pool_nd(x, bounds, mode is PoolMode.MAX, out)
-    if mode is PoolMode.AVERAGE and not _checks.is_finite(out):
+    if pool_nd(x, bounds, mode is PoolMode.MAX, out):
+        _checks.require_finite(fname, "x", x)     # raises NonFiniteError naming the element
         raise NumericOverflow(f"{fname}: a window sum overflows float64 "
                               f"(non-finite value in the output of shape {_checks.shape_str(out.shape)})")
     return out
