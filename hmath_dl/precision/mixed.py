@@ -159,8 +159,8 @@ def unscale_gradients(scaler, grads):
     fname = "unscale_gradients"
     scaler = _scaler(fname, scaler)
     arrays, was_single = as_gradient_list(fname, grads, finite=False)
-    if not all(_checks.is_finite(a) for a in arrays):
-        return False, None
+    # loss_scale is positive and finite, so g / loss_scale is non-finite exactly when g is
+    # non-finite or the division overflows: one check of the quotient covers both
     out = []
     with np.errstate(over="ignore", invalid="ignore"):
         for a in arrays:
