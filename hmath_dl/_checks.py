@@ -149,7 +149,7 @@ def tensor(fname: str, name: str, x, *, ndim: Optional[int] = None,
         raise ShapeError(f"{fname}: {name} must have at most {max_ndim} axes (got shape {shape_str(raw.shape)})")
     if nonempty and raw.size == 0:
         raise ShapeError(f"{fname}: {name} must not be empty (got shape {shape_str(raw.shape)})")
-    arr = np.ascontiguousarray(raw, dtype=np.float64)
+    arr = np.asarray(raw, dtype=np.float64, order="C")  # keeps 0-d inputs 0-d
     if finite:
         require_finite(fname, name, arr)
     return arr
@@ -183,7 +183,7 @@ def int_array(fname: str, name: str, x) -> np.ndarray:
         raise TypeError(f"{fname}: {name} must hold integers (got dtype {raw.dtype})")
     if raw.dtype.kind == "u" and raw.dtype.itemsize == 8 and raw.size and raw.max() > np.iinfo(np.int64).max:
         raise DomainError(f"{fname}: {name} holds a value beyond int64 (got {raw.max()})")
-    return np.ascontiguousarray(raw, dtype=np.int64)
+    return np.asarray(raw, dtype=np.int64, order="C")
 
 
 def bool_array(fname: str, name: str, x) -> np.ndarray:
@@ -193,7 +193,7 @@ def bool_array(fname: str, name: str, x) -> np.ndarray:
         raise TypeError(f"{fname}: {name} must be a boolean mask (got dtype {raw.dtype})")
     if raw.dtype.kind in "iu" and raw.size and ((raw != 0) & (raw != 1)).any():
         raise DomainError(f"{fname}: {name} must hold only True/False (or 1/0) values")
-    return np.ascontiguousarray(raw, dtype=np.bool_)
+    return np.asarray(raw, dtype=np.bool_, order="C")
 
 
 def same_shape(fname: str, name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
