@@ -305,40 +305,46 @@ def batch_norm_train(x, N, C, S, eps, gamma, beta, lanes, out, mean, var, status
                 status[c] = OVERFLOW
 
 
+@helper
+def _seg_finite(a):
+    """True iff every element of the 1-D ``a`` is finite (``v * 0`` is NaN exactly for
+    NaN/inf; eight independent accumulators)."""
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = 0.0
+    n = a.shape[0]
+    n8 = n - n % 8
+    for i in range(0, n8, 8):
+        c0 += a[i] * 0.0
+        c1 += a[i + 1] * 0.0
+        c2 += a[i + 2] * 0.0
+        c3 += a[i + 3] * 0.0
+        c4 += a[i + 4] * 0.0
+        c5 += a[i + 5] * 0.0
+        c6 += a[i + 6] * 0.0
+        c7 += a[i + 7] * 0.0
+    for i in range(n8, n):
+        c0 += a[i] * 0.0
+    return ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)) == 0.0
+
+
 @kernel
 def batch_norm_apply(x, N, C, S, scale, shift, center, out, status):
     """``out = (x - center[c]) * scale[c] + shift[c]`` on the flat ``[N, C, S]`` ``x``
-    (batch norm inference); ``status[c]`` is 1 when the channel's outputs are not all
-    finite (the facade tells a non-finite input from an overflow)."""
+    (batch norm inference); ``status[c]`` is OVERFLOW (2) when the channel's outputs are
+    not all finite (the facade then tells a non-finite input from an overflow)."""
     for c in prange(C):
         base = c * S
         a = scale[c]
         b = shift[c]
         m = center[c]
-        bad = 0.0
+        ok = True
         for j in range(N):
             st = base + j * C * S
-            a0 = a1 = a2 = a3 = 0.0
-            S4 = S - S % 4
-            for i in range(0, S4, 4):
-                y0 = (x[st + i] - m) * a + b
-                y1 = (x[st + i + 1] - m) * a + b
-                y2 = (x[st + i + 2] - m) * a + b
-                y3 = (x[st + i + 3] - m) * a + b
-                out[st + i] = y0
-                out[st + i + 1] = y1
-                out[st + i + 2] = y2
-                out[st + i + 3] = y3
-                a0 += y0 * 0.0
-                a1 += y1 * 0.0
-                a2 += y2 * 0.0
-                a3 += y3 * 0.0
-            for i in range(S4, S):
-                y = (x[st + i] - m) * a + b
-                out[st + i] = y
-                a0 += y * 0.0
-            bad += (a0 + a1) + (a2 + a3)
-        status[c] = OK if bad == 0.0 else OVERFLOW
+            seg = x[st:st + S]
+            oseg = out[st:st + S]
+            for i in range(S):
+                oseg[i] = (seg[i] - m) * a + b
+            ok = ok and _seg_finite(oseg)  # the segment is still in L1
+        status[c] = OK if ok else OVERFLOW
 
 
 @kernel
