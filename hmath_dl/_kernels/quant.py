@@ -472,44 +472,45 @@ def pack_a_u8(qa, mp, kp, ap, ra):
                 ap[base + t] = 0
 
 
-@helper
-def _u8(v):
-    """The two's-complement byte of an int8 as an unsigned 32-bit value."""
-    return np.uint32(np.uint8(v))
-
-
 @kernel
 def pack_b_vnni(qb, np_, kp, bp32, cb):
     """Pack ``qb`` for the VNNI micro-kernel.  ``bp32`` is the uint32 view of the flat int8
     buffer ``bp[np_/32][kp/4][2][16][4]`` with ``bp[p, q, h, l, t] =
     qb[4q + t, 32p + 16h + l]`` (zero padded): word ``(p*kq + q)*32 + col`` holds the four
     bytes ``qb[4q:4q+4, 32p + col]`` (little-endian).  ``cb[j]`` = the column sums of
-    ``qb``."""
+    ``qb`` (exact int64)."""
     kk, n = qb.shape
     npanel = np_ // _NR
     kq = kp // 4
     for p in prange(npanel):
         j0 = p * _NR
         ncol = min(_NR, n - j0)
+        csum = np.zeros(_NR, dtype=np.int64)
         for q in range(kq):
             base = (p * kq + q) * _NR
             k0 = 4 * q
             if ncol == _NR and k0 + 4 <= kk:
+                r0 = qb[k0, j0:j0 + _NR]
+                r1 = qb[k0 + 1, j0:j0 + _NR]
+                r2 = qb[k0 + 2, j0:j0 + _NR]
+                r3 = qb[k0 + 3, j0:j0 + _NR]
                 for col in range(_NR):
-                    j = j0 + col
-                    bp32[base + col] = (_u8(qb[k0, j]) | (_u8(qb[k0 + 1, j]) << 8)
-                                        | (_u8(qb[k0 + 2, j]) << 16) | (_u8(qb[k0 + 3, j]) << 24))
+                    a0 = np.int32(r0[col])
+                    a1 = np.int32(r1[col])
+                    a2 = np.int32(r2[col])
+                    a3 = np.int32(r3[col])
+                    bp32[base + col] = np.uint32((a0 & 255) | ((a1 & 255) << 8)
+                                                 | ((a2 & 255) << 16) | ((a3 & 255) << 24))
+                    csum[col] += a0 + a1 + a2 + a3
             else:
                 for col in range(_NR):
                     w = np.uint32(0)
                     for t in range(4):
                         if k0 + t < kk and col < ncol:
-                            w = w | (_u8(qb[k0 + t, j0 + col]) << (8 * t))
+                            v = np.int32(qb[k0 + t, j0 + col])
+                            w = w | np.uint32((v & 255) << (8 * t))
+                            csum[col] += v
                     bp32[base + col] = w
-        csum = np.zeros(_NR, dtype=np.int64)
-        for k in range(kk):
-            for col in range(ncol):
-                csum[col] += np.int64(qb[k, j0 + col])
         for col in range(ncol):
             cb[j0 + col] = csum[col]
 
