@@ -499,11 +499,13 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
 
     Computed by polyphase decomposition: the outputs ``o`` with ``(o + p) mod s = r`` (per
     axis) only receive the taps ``k`` with ``(k*d) mod s = r``, consecutive ones ``d/gcd(d, s)``
-    input positions apart, so each phase is ONE stride-1 forward convolution
-    (:func:`conv_forward`) of a zero-extended window of ``x`` with the phase's taps in
-    reverse order.  Each output therefore sums its terms in the fixed order (ci', taps of
-    its phase from the last to the first), one fused multiply-add per term; the thread
-    count never matters.  The per-phase weight and input windows are small numpy copies.
+    input positions apart, so each phase is a stride-1 forward convolution of a
+    zero-extended window of ``x`` with the phase's taps in reverse order (phases with
+    fewer taps are padded with zero weights, which add exact zeros).  All phases run as
+    the groups of ONE grouped :func:`conv_forward` launch; numpy copies build the windows
+    and scatter the phases into the output.  Each output sums its terms in the fixed order
+    (ci', taps of its phase from the last to the first), one fused multiply-add per term;
+    the thread count never matters.
     """
     r = x.ndim - 2
     s = _pad3(stride, 1)
@@ -527,41 +529,51 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
         return out
     out5 = _out5(out)
     has_bias = bias is not None
-    b = np.array(bias, dtype=np.float64) if has_bias else np.zeros(1, dtype=np.float64)
-    out5[...] = b.reshape(-1, 1, 1, 1) if has_bias else 0.0
-    # weights as [groups, Cig, Cog, *K] -> per phase [Cout, Cig, *J] (taps reversed)
-    wg = w5.reshape((groups, Cig, Cog) + K)
     taps = [_phase_taps(K[a], s[a], d[a]) for a in range(3)]
+    J = [max(len(t[0]) for t in taps[a]) for a in range(3)]          # taps per phase (padded)
+    dm = [taps[a][0][2] for a in range(3)]
+    start = [[(rr - p[a]) % s[a] for rr in range(s[a])] for a in range(3)]   # first o of phase
+    count = [[len(range(start[a][rr], O[a], s[a])) for rr in range(s[a])] for a in range(3)]
+    C = [max(count[a]) for a in range(3)]
+    L = [C[a] + (J[a] - 1) * dm[a] for a in range(3)]
+    nph = s[0] * s[1] * s[2]
+    # every phase becomes a group of one grouped stride-1 forward convolution:
+    # input channels ph*Cin + ci hold the phase's window of x, weights ph*Cout + co its taps
+    xw = np.zeros((N, nph * Cin) + tuple(L), dtype=np.float64)
+    wall = np.zeros((nph * Cout, Cig) + tuple(J), dtype=np.float64)
+    wg = w5.reshape((groups, Cig, Cog) + K).transpose(0, 2, 1, 3, 4, 5).reshape((Cout, Cig) + K)
+    phases = []
     for rd in range(s[0]):
         for rh in range(s[1]):
             for rw in range(s[2]):
-                ph = (taps[0][rd], taps[1][rh], taps[2][rw])
+                ph = len(phases)
                 rr = (rd, rh, rw)
-                if any(len(t[0]) == 0 for t in ph):
-                    continue          # no tap reaches this phase: bias only
-                start = [(rr[a] - p[a]) % s[a] for a in range(3)]      # first o of the phase
-                count = [len(range(start[a], O[a], s[a])) for a in range(3)]
-                if min(count) == 0:
-                    continue
-                J = [len(ph[a][0]) for a in range(3)]
-                dm = [ph[a][2] for a in range(3)]
-                # window of x: xw[t] = x[t + so], t < count + (J-1)*dm
-                q0 = [(start[a] + p[a]) // s[a] for a in range(3)]
-                so = [q0[a] - ph[a][1] - (J[a] - 1) * dm[a] for a in range(3)]
-                L = [count[a] + (J[a] - 1) * dm[a] for a in range(3)]
-                xw = np.zeros((N, Cin) + tuple(L), dtype=np.float64)
+                phases.append(rr)
+                tp = [taps[a][rr[a]] for a in range(3)]
+                if any(len(t[0]) == 0 for t in tp):
+                    continue          # no tap reaches this phase: zero weights, bias only
+                # tap i of the phase sits at reversed position J-1-i
+                kk = [np.asarray(tp[a][0], dtype=np.int64) for a in range(3)]
+                jj = [J[a] - 1 - np.arange(len(tp[a][0])) for a in range(3)]
+                wall[ph * Cout:(ph + 1) * Cout][np.ix_(np.arange(Cout), np.arange(Cig), jj[0], jj[1], jj[2])] = \
+                    wg[np.ix_(np.arange(Cout), np.arange(Cig), kk[0], kk[1], kk[2])]
+                # window of x: xw[t] = x[t + so], so = q0 - m_first - (J-1)*dm
+                so = [(start[a][rr[a]] + p[a]) // s[a] - tp[a][1] - (J[a] - 1) * dm[a] for a in range(3)]
                 lo = [max(0, -so[a]) for a in range(3)]
                 hi = [min(L[a], S[a] - so[a]) for a in range(3)]
                 if all(hi[a] > lo[a] for a in range(3)):
-                    xw[:, :, lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] = \
+                    xw[:, ph * Cin:(ph + 1) * Cin, lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] = \
                         x5[:, :, lo[0] + so[0]:hi[0] + so[0], lo[1] + so[1]:hi[1] + so[1],
                            lo[2] + so[2]:hi[2] + so[2]]
-                wsub = wg[:, :, :, ph[0][0][::-1]][:, :, :, :, ph[1][0][::-1]][:, :, :, :, :, ph[2][0][::-1]]
-                wsub = np.ascontiguousarray(
-                    wsub.transpose(0, 2, 1, 3, 4, 5).reshape((Cout, Cig) + tuple(J)))
-                part = np.empty((N, Cout) + tuple(count), dtype=np.float64)
-                conv_forward(xw, wsub, b, has_bias, groups, 1, 1, 1, dm[0], dm[1], dm[2], part)
-                out5[:, :, start[0]::s[0], start[1]::s[1], start[2]::s[2]] = part
+    b = np.tile(np.asarray(bias, dtype=np.float64), nph) if has_bias else np.zeros(1, dtype=np.float64)
+    part = np.empty((N, nph * Cout) + tuple(C), dtype=np.float64)
+    conv_forward(xw, wall, b, has_bias, nph * groups, 1, 1, 1, dm[0], dm[1], dm[2], part)
+    for ph, rr in enumerate(phases):
+        cnt = [count[a][rr[a]] for a in range(3)]
+        if min(cnt) == 0:
+            continue
+        out5[:, :, start[0][rr[0]]::s[0], start[1][rr[1]]::s[1], start[2][rr[2]]::s[2]] = \
+            part[:, ph * Cout:(ph + 1) * Cout, :cnt[0], :cnt[1], :cnt[2]]
     return out
 
 
