@@ -307,3 +307,86 @@ def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
                     dvj = dvb[j]
                     for f in range(F):
                         dvj[f] += w * gi[f]
+
+
+# --------------------------------------------------------------------------- convolution
+@kernel
+def im2col(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols):
+    """Unfold ``x [N, C, D, H, W]`` into ``cols [C*kd*kh*kw, N*OD*OH*OW]``: row
+    ``(c, i, j, k)``, column ``(n, od, oh, ow)`` holds ``x[n, c, od*sd - pd + i*dd,
+    oh*sh - ph + j*dh, ow*sw - pw + k*dw]`` (0 outside ``x``: zero padding).  Parallel
+    over rows; every write is a plain copy, contiguous along ``ow``."""
+    N, C, D, H, W = x.shape
+    KK = kd * kh * kw
+    P = OD * OH * OW
+    for r in prange(C * KK):
+        c = r // KK
+        t = r % KK
+        i = t // (kh * kw)
+        j = (t // kw) % kh
+        k = t % kw
+        row = cols[r]
+        for n in range(N):
+            for od in range(OD):
+                di = od * sd - pd + i * dd
+                for oh in range(OH):
+                    hj = oh * sh - ph + j * dh
+                    base = n * P + (od * OH + oh) * OW
+                    if di < 0 or di >= D or hj < 0 or hj >= H:
+                        for ow in range(OW):
+                            row[base + ow] = 0.0
+                        continue
+                    xr = x[n, c, di, hj]
+                    for ow in range(OW):
+                        wk = ow * sw - pw + k * dw
+                        if wk >= 0 and wk < W:
+                            row[base + ow] = xr[wk]
+                        else:
+                            row[base + ow] = 0.0
+
+
+@kernel
+def col2im(cols, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, dx):
+    """Adjoint of :func:`im2col`: ``dx[n, c, p] = sum of cols[(c, k), (n, o)]`` over every
+    ``(k, o)`` that reads input position ``p``.  Parallel over ``(n, c)`` planes (each
+    iteration owns one plane of ``dx``); within a plane the terms are added in the fixed
+    order ``(i, j, k, od, oh, ow)``."""
+    N, C, D, H, W = dx.shape
+    KK = kd * kh * kw
+    P = OD * OH * OW
+    for t in prange(N * C):
+        n = t // C
+        c = t % C
+        plane = dx[n, c]
+        for a in range(D):
+            for b in range(H):
+                for e in range(W):
+                    plane[a, b, e] = 0.0
+        for i in range(kd):
+            for j in range(kh):
+                for k in range(kw):
+                    row = cols[c * KK + (i * kh + j) * kw + k]
+                    for od in range(OD):
+                        di = od * sd - pd + i * dd
+                        if di < 0 or di >= D:
+                            continue
+                        for oh in range(OH):
+                            hj = oh * sh - ph + j * dh
+                            if hj < 0 or hj >= H:
+                                continue
+                            pr = plane[di, hj]
+                            base = n * P + (od * OH + oh) * OW
+                            for ow in range(OW):
+                                wk = ow * sw - pw + k * dw
+                                if wk >= 0 and wk < W:
+                                    pr[wk] += row[base + ow]
+
+
+@kernel
+def channels_first(g, out):
+    """``g [N, C, P] -> out [C, N*P]`` (a transposing copy, parallel over channels)."""
+    N, C, P = g.shape
+    for c in prange(C):
+        for n in range(N):
+            for p in range(P):
+                out[c, n * P + p] = g[n, c, p]

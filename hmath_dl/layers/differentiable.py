@@ -97,7 +97,7 @@ def _vjp_dense(g, node, needs):
     g2 = g.reshape(-1, out)
     gx = gw = gb = None
     if needs[0]:
-        gx = np.matmul(g, w.value)
+        gx = np.matmul(g2, w.value).reshape(x.shape)
     if needs[1]:
         gw = np.matmul(g2.T, x.value.reshape(-1, w.shape[1]))
     if len(needs) > 2 and needs[2]:
@@ -133,19 +133,62 @@ def convolution_ad(options, x, w, bias):
     return make_node("convolution", value, _parents(x, w, bias), _conv_geometry(options, r))
 
 
+def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
+    """Gradients of ``y = conv(x, w)`` (stride ``s``, padding ``p``, dilation ``d``)
+    w.r.t. ``x`` and ``w`` given ``g = dL/dy``, by unfolding (im2col):
+
+    ``cols[(c, k), (n, o)] = x_pad[n, c, o s + k d]`` (a Numba copy kernel), then per group
+    ``dw = G cols^T`` and ``dcols = W^T G`` (BLAS GEMMs, which split work over output
+    blocks: each entry is one dot product in BLAS's fixed order, independent of the
+    thread count), and ``dx = col2im(dcols)`` (a Numba kernel parallel over ``(n, c)``
+    planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
+    """
+    from .._kernels.backward import channels_first, col2im, im2col
+    r = x.ndim - 2
+    xs = x.shape
+    N, C = xs[0], xs[1]
+    Cout = w_shape[0]
+    Cg, Cog = C // groups, Cout // groups
+    K = _pad3(w_shape[2:], 1)
+    KK = K[0] * K[1] * K[2]
+    O = _pad3(g.shape[2:], 1)
+    P = O[0] * O[1] * O[2]
+    s3, p3, d3 = _pad3(s, 1), _pad3(p, 0), _pad3(d, 1)
+    geo = K + s3 + d3 + p3 + O
+    G = np.empty((Cout, N * P))
+    if G.size:
+        channels_first(_c(g).reshape(N, Cout, P), G)
+    gx = gw = None
+    if need_w:
+        cols = np.empty((C * KK, N * P))
+        if cols.size:
+            im2col(_as5(x), *geo, cols)
+        dw = np.empty((Cout, Cg * KK))
+        for gi in range(groups):
+            rows = slice(gi * Cog, (gi + 1) * Cog)
+            dw[rows] = np.matmul(G[rows], cols[gi * Cg * KK:(gi + 1) * Cg * KK].T)
+        gw = dw.reshape(w_shape)
+    if need_x:
+        w2 = w.reshape(Cout, Cg * KK)
+        if groups == 1:
+            dcols = np.matmul(w2.T, G)
+        else:
+            dcols = np.empty((C * KK, N * P))
+            for gi in range(groups):
+                rows = slice(gi * Cog, (gi + 1) * Cog)
+                dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = np.matmul(w2[rows].T, G[rows])
+        dx = np.empty(xs)
+        if dx.size:
+            col2im(_c(dcols), *geo, _as5(dx))
+        gx = dx
+    return gx, gw
+
+
 def _vjp_convolution(g, node, needs):
-    from .._kernels.conv import conv_transpose_nd, conv_weight_grad_nd
     x, w = node.parents[0], node.parents[1]
     s, p, d, groups = node.ctx
-    g = _c(g)
-    r = x.ndim - 2
-    gx = gw = gb = None
-    if needs[0]:
-        S, O, K = x.shape[2:], g.shape[2:], w.shape[2:]
-        op = tuple(S[a] - ((O[a] - 1) * s[a] - 2 * p[a] + d[a] * (K[a] - 1) + 1) for a in range(r))
-        gx = conv_transpose_nd(g, w.value, None, s, p, d, op, groups)
-    if needs[1]:
-        gw = conv_weight_grad_nd(x.value, g, w.shape[2:], s, p, d, groups)
+    gx, gw = _conv_grads(x.value, w.shape, w.value, g, s, p, d, groups, needs[0], needs[1])
+    gb = None
     if len(needs) > 2 and needs[2]:
         gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
     return (gx, gw, gb)[:len(needs)]
@@ -173,7 +216,9 @@ def transposed_convolution_ad(output_padding, options, x, w, bias):
 
 
 def _vjp_transposed_convolution(g, node, needs):
-    from .._kernels.conv import conv_nd, conv_weight_grad_nd
+    # y = conv^T(x, w): x plays the role of a convolution's output and y of its input, so
+    # dx = conv(g, w) and dw is the weight gradient of conv(g -> x-shaped) with cotangent x.
+    from .._kernels.conv import conv_nd
     x, w = node.parents[0], node.parents[1]
     s, p, d, groups = node.ctx
     g = _c(g)
@@ -181,7 +226,7 @@ def _vjp_transposed_convolution(g, node, needs):
     if needs[0]:
         gx = conv_nd(g, w.value, None, s, p, d, groups)
     if needs[1]:
-        gw = conv_weight_grad_nd(g, x.value, w.shape[2:], s, p, d, groups)
+        _, gw = _conv_grads(g, w.shape, w.value, x.value, s, p, d, groups, False, True)
     if len(needs) > 2 and needs[2]:
         gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
     return (gx, gw, gb)[:len(needs)]
