@@ -14,7 +14,13 @@ autodiff rules):
 * :func:`conv_transpose_nd` - transposed convolution (= gradient of :func:`conv_nd` with
   respect to its input: ``conv_transpose_nd(gy, w, None, s, p, d, op, g)`` with
   ``op = S - ((O-1)s - 2p + d(K-1) + 1)`` per axis gives ``dL/dx`` of shape ``x.shape``),
-* :func:`conv_weight_grad_nd` - gradient of :func:`conv_nd` with respect to its weights.
+* :func:`conv_weight_grad_nd` - gradient of :func:`conv_nd` with respect to its weights
+  (a plain scalar kernel, parallel over (co, ci'); correct but not tuned).
+
+Read-only inputs are copied once (one compiled specialisation per kernel).  The
+arithmetic uses explicit fused multiply-adds (``llvm.fma``): one rounding per term, the
+same bits on every thread; the 4-channel inner loop uses an explicit 8-lane vector FMA
+(:func:`_vfma`) so that 512-bit registers are used where the CPU has them.
 
 Determinism: every ``prange`` iteration owns a disjoint block of outputs (one batch item,
 one group, up to ``_CB`` output channels, one segment of output positions) and sums its

@@ -244,8 +244,12 @@ def transposed_convolution(output_padding, options, x, weights, bias=None):
     _check_output_size(fname, O, lambda a: (
         f"(input {S[a]} - 1)*stride {stride[a]} - 2*padding {padding[a]} + dilation {dilation[a]}"
         f"*(kernel {K[a]} - 1) + output_padding {op[a]} + 1"))
-    # the kernel's uncropped accumulator is about (O + 2p) per axis and channel block
-    _checks.check_size(fname, (x.shape[0], cout) + tuple(O[a] + 2 * padding[a] for a in range(rank)))
+    # the kernel's polyphase input windows: prod(stride) windows of about O/s + K*d per axis
+    nph = 1
+    for a in range(rank):
+        nph *= stride[a]
+    _checks.check_size(fname, (x.shape[0], nph * cin) +
+                       tuple(-(-O[a] // stride[a]) + K[a] * dilation[a] for a in range(rank)))
     out = _checks.alloc(fname, (x.shape[0], cout) + O)
     conv_transpose_nd(x, w, b, stride, padding, dilation, op, groups, out=out)
     return _finite_result(fname, out)
