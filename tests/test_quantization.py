@@ -580,13 +580,21 @@ def test_deterministic_across_thread_counts():
         import numpy as np
         from hmath_dl.precision import Quantization, quantize, dequantize, int8_gemm
         from hmath_dl.precision import quantized_values
+        from hmath_dl.precision import quantization as qmod
         rng = np.random.default_rng(7)
-        x = rng.standard_normal((67, 129)) * 3.0 + 0.5
-        y = rng.standard_normal((129, 71))
+        # above the serial thresholds, so the parallel kernels really run on 2 threads
+        assert 600 * 501 * 260 > qmod.SERIAL_GEMM_WORK
+        assert 600 * 501 > qmod.SERIAL_QUANTIZE_ELEMENTS
+        x = rng.standard_normal((600, 501)) * 3.0 + 0.5
+        y = rng.standard_normal((501, 260))
         a = quantize(Quantization.ASYMMETRIC, 0, x)
         b = quantize(Quantization.SYMMETRIC, 1, y)
-        t = quantize(Quantization.ASYMMETRIC, None, rng.standard_normal(50000))
-        for arr in (quantized_values(a), quantized_values(t), dequantize(a), int8_gemm(a, b)):
+        t = quantize(Quantization.ASYMMETRIC, None, x)
+        c = quantize(Quantization.SYMMETRIC, 1, x)
+        small = int8_gemm(quantize(Quantization.SYMMETRIC, None, x[:9, :20]),
+                          quantize(Quantization.ASYMMETRIC, 1, y[:20, :33]))
+        for arr in (quantized_values(a), quantized_values(t), quantized_values(c),
+                    dequantize(a), dequantize(c), int8_gemm(a, b), small):
             sys.stdout.buffer.write(np.ascontiguousarray(arr).tobytes())
     """)
 

@@ -12,6 +12,7 @@ Every rounding is round-half-to-even (``numpy.rint`` semantics).  The formulas (
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 from dataclasses import dataclass, field
@@ -27,6 +28,12 @@ __all__ = ["Quantization", "QuantizedTensor", "quantize", "dequantize", "quantiz
            "quantization_scales", "quantization_zero_points", "int8_gemm"]
 
 _TINY = 2.2250738585072014e-308  # smallest positive normal double
+
+# Work sizes up to which the kernels run on one thread: a parallel launch costs
+# milliseconds on a loaded 2-core machine, more than the whole job below these sizes.
+# The results are the same bits either way (the kernels do not depend on the thread count).
+SERIAL_QUANTIZE_ELEMENTS = 1 << 18
+SERIAL_GEMM_WORK = 1 << 24          # multiply-adds M * K * N
 _INT32_MIN = -(2 ** 31)
 _INT32_MAX = 2 ** 31 - 1
 
@@ -139,6 +146,25 @@ class QuantizedTensor:
                 f"zero_points={head(self._zero_points)})")
 
 
+@contextlib.contextmanager
+def _threads_for(work, limit):
+    """Run the enclosed kernel calls on one numba thread when ``work <= limit``
+    (``numba.set_num_threads`` is thread-local and restored afterwards)."""
+    if work > limit:
+        yield
+        return
+    import numba
+    prev = numba.get_num_threads()
+    if prev == 1:
+        yield
+        return
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(prev)
+
+
 def _layout(shape, axis):
     """(outer, channels, inner) view of a C-contiguous tensor for ``axis``."""
     if axis is None:
@@ -202,18 +228,17 @@ def quantize(mode, axis, x) -> QuantizedTensor:
     if axis is not None:
         _checks.integer(fname, "axis", axis)
     arr = _checks.tensor(fname, "x", x, nonempty=True)
-    if arr.shape == (1,) and np.ndim(x) == 0:
-        arr = arr.reshape(())  # _checks.tensor (np.ascontiguousarray) promotes 0-d to 1-d
     ax = None if axis is None else _checks.axis(fname, "axis", axis, arr.ndim)
     outer, nch, inner = _layout(arr.shape, ax)
     flat = arr.reshape(-1)
     symmetric = mode is Quantization.SYMMETRIC
     scales = _checks.alloc(fname, (nch,), np.float64)
     zps = _checks.alloc(fname, (nch,), np.int64)
-    if ax is None:
-        bad = int(_kq.quant_params_tensor(flat, symmetric, scales, zps))
-    else:
-        bad = int(_kq.quant_params_axis(flat, outer, nch, inner, symmetric, scales, zps))
+    with _threads_for(flat.size, SERIAL_QUANTIZE_ELEMENTS):
+        if ax is None:
+            bad = int(_kq.quant_params_tensor(flat, symmetric, scales, zps))
+        else:
+            bad = int(_kq.quant_params_axis(flat, outer, nch, inner, symmetric, scales, zps))
     if bad >= 0:
         where = "the tensor" if ax is None else f"slice {bad} along axis {ax}"
         raise NumericOverflow(
@@ -221,7 +246,8 @@ def quantize(mode, axis, x) -> QuantizedTensor:
             f"scale >= {_TINY!r}; the values are too small or their range too large to "
             f"quantize)")
     values = _checks.alloc(fname, arr.shape, np.int8)
-    _kq.quantize_apply(flat, nch, inner, symmetric, scales, zps, values.reshape(-1))
+    with _threads_for(flat.size, SERIAL_QUANTIZE_ELEMENTS):
+        _kq.quantize_apply(flat, nch, inner, symmetric, scales, zps, values.reshape(-1))
     return QuantizedTensor(mode, ax, _checks.readonly(values), _checks.readonly(scales),
                            _checks.readonly(zps))
 
@@ -251,8 +277,9 @@ def dequantize(q) -> np.ndarray:
     values = q._values
     _, nch, inner = _layout(values.shape, q.axis)
     out = _checks.alloc(fname, values.shape, np.float64)
-    bad = int(_kq.dequantize_apply(values.reshape(-1), nch, inner, q._scales,
-                                   q._zero_points, out.reshape(-1)))
+    with _threads_for(values.size, SERIAL_QUANTIZE_ELEMENTS):
+        bad = int(_kq.dequantize_apply(values.reshape(-1), nch, inner, q._scales,
+                                       q._zero_points, out.reshape(-1)))
     if bad >= 0:
         where = tuple(int(i) for i in np.unravel_index(bad, values.shape))
         raise NumericOverflow(f"{fname}: the decoded value at index {where} is not finite "
@@ -380,35 +407,36 @@ def int8_gemm(a, b) -> np.ndarray:
     out = _checks.alloc(fname, (m, n), np.float64)
     ra = np.empty(m, dtype=np.int64)
     cb = np.empty(n, dtype=np.int64)
-    if _USE_VNNI:
-        mr, nr = _kq._MR, _kq._NR
-        mp = -(-m // mr) * mr
-        np_ = -(-n // nr) * nr
-        kp = -(-k // 4) * 4
-        ap = _checks.alloc(fname, (mp * kp,), np.uint8)
-        bp = _checks.alloc(fname, (np_ * kp,), np.int8)
-        _kq.pack_a_u8(qa, mp, kp, ap, ra)
-        _kq.pack_b_vnni(qb, np_, kp, bp.view(np.uint32), cb)
-        ntiles = (mp // mr) * (np_ // nr)
-        ntask = -(-ntiles // _kq._TILES_PER_TASK)
-        bad_acc = np.empty(ntask, dtype=np.int64)
-        bad_fin = np.empty(ntask, dtype=np.int64)
-        _kq.gemm_vnni(ap, bp, m, n, k, mp, np_, kp, ra, cb, za, zb, sa, sb, out,
-                      bad_acc, bad_fin)
-        first_acc = int(bad_acc.min())
-        first_fin = int(bad_fin.min())
-        first_acc = -1 if first_acc >= int(_kq._NO_INDEX) else first_acc
-        first_fin = -1 if first_fin >= int(_kq._NO_INDEX) else first_fin
-    else:
-        _kq.row_sums(qa, ra)
-        _kq.col_sums(qb, cb)
-        qbt = _checks.alloc(fname, (n, k), np.int8)
-        _kq.transpose_i8(qb, qbt)
-        bad_acc = np.empty(m, dtype=np.int64)
-        bad_fin = np.empty(m, dtype=np.int64)
-        _kq.gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
-        first_acc = _first_flat(bad_acc, n)
-        first_fin = _first_flat(bad_fin, n)
+    with _threads_for(m * k * n, SERIAL_GEMM_WORK):
+        if _USE_VNNI:
+            mr, nr = _kq._MR, _kq._NR
+            mp = -(-m // mr) * mr
+            np_ = -(-n // nr) * nr
+            kp = -(-k // 4) * 4
+            ap = _checks.alloc(fname, (mp * kp,), np.uint8)
+            bp = _checks.alloc(fname, (np_ * kp,), np.int8)
+            _kq.pack_a_u8(qa, mp, kp, ap, ra)
+            _kq.pack_b_vnni(qb, np_, kp, bp.view(np.uint32), cb)
+            ntiles = (mp // mr) * (np_ // nr)
+            ntask = -(-ntiles // _kq._TILES_PER_TASK)
+            bad_acc = np.empty(ntask, dtype=np.int64)
+            bad_fin = np.empty(ntask, dtype=np.int64)
+            _kq.gemm_vnni(ap, bp, m, n, k, mp, np_, kp, ra, cb, za, zb, sa, sb, out,
+                          bad_acc, bad_fin)
+            first_acc = int(bad_acc.min())
+            first_fin = int(bad_fin.min())
+            first_acc = -1 if first_acc >= int(_kq._NO_INDEX) else first_acc
+            first_fin = -1 if first_fin >= int(_kq._NO_INDEX) else first_fin
+        else:
+            _kq.row_sums(qa, ra)
+            _kq.col_sums(qb, cb)
+            qbt = _checks.alloc(fname, (n, k), np.int8)
+            _kq.transpose_i8(qb, qbt)
+            bad_acc = np.empty(m, dtype=np.int64)
+            bad_fin = np.empty(m, dtype=np.int64)
+            _kq.gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+            first_acc = _first_flat(bad_acc, n)
+            first_fin = _first_flat(bad_fin, n)
     if first_acc >= 0:
         i, j = divmod(first_acc, n)
         exact = int(np.dot(qa[i].astype(np.int64) - int(za[i]),
