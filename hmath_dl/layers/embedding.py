@@ -25,6 +25,11 @@ def embedding(weights, indices):
     ndarray, shape ``indices.shape + (F,)``
         ``out[idx, :] = weights[indices[idx], :]`` (a copy; the caller owns it).
 
+    Notes
+    -----
+    The whole table is checked for NaN/inf on every call (checked-arithmetic contract),
+    which costs one read of ``weights``; the gather itself is ``numpy.take``.
+
     Raises
     ------
     IndexOutOfRange
@@ -42,11 +47,12 @@ def embedding(weights, indices):
     flat = idx.reshape(-1)
     if flat.size == 0:
         return out
-    from .._kernels.embedding import embedding_gather
-
-    bad = embedding_gather(w, flat, out.reshape(flat.size, f))
-    if bad >= 0:
-        where = tuple(int(i) for i in np.unravel_index(bad, idx.shape))
-        raise IndexOutOfRange(f"{fname}: indices{list(where)} = {int(flat[bad])} is outside "
+    bad = (flat < 0) | (flat >= v)
+    if bad.any():
+        first = int(np.argmax(bad))
+        where = tuple(int(i) for i in np.unravel_index(first, idx.shape))
+        raise IndexOutOfRange(f"{fname}: indices{list(where)} = {int(flat[first])} is outside "
                               f"[0, {v}) (the table has {v} rows)")
+    # numpy's gather (a vectorised row copy) measured ~5x faster than a numba prange copy
+    np.take(w, flat, axis=0, out=out.reshape(flat.size, f))
     return out
