@@ -6,7 +6,7 @@ from hypothesis.extra import numpy as hnp
 from hmath_dl.errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
 from hmath_dl.layers import Mode, dropout, spatial_dropout
 from hmath_dl.rng import RNG
-from tests.helpers import assert_same_across_threads, frozen_copy, noncontiguous, readonly
+from tests.helpers import assert_same_across_threads, noncontiguous, readonly
 from tests.reference import layers_basic as ref
 
 FUNCS = [dropout, spatial_dropout]

@@ -7,7 +7,7 @@ import enum
 import numpy as np
 
 from .. import _checks
-from ..errors import NumericOverflow, ShapeError
+from ..errors import NumericOverflow
 from ..rng import RNG
 
 __all__ = ["Mode", "dropout", "spatial_dropout"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _checks
-from ..errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
+from ..errors import DomainError, NumericOverflow, ShapeError
 from .dropout import Mode
 
 __all__ = ["BatchNormState", "batch_norm", "layer_norm", "instance_norm", "group_norm",

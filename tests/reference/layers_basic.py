@@ -5,7 +5,6 @@ Activations are evaluated in 60-digit mpmath and rounded once to float64, so the
 correctly rounded references for any float64 implementation.
 """
 
-import itertools
 import math
 
 import mpmath
