@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from hmath_dl import autodiff as ad
 from hmath_dl import layers as L
-from hmath_dl.errors import DomainError, IndexOutOfRange, NonFiniteError, ShapeError
+from hmath_dl.errors import (DomainError, IndexOutOfRange, NonFiniteError, NumericOverflow,
+                             ShapeError)
 from hmath_dl.rng import RNG
 from tests.helpers import assert_same_across_threads
 from tests.reference import autodiff as ref
@@ -238,6 +239,15 @@ def test_attention_errors():
            q, q, q, np.ones((2, 2), bool))
     raises(DomainError, "multihead_attention_ad", L.multihead_attention_ad, 3, q, q, q)
     raises(DomainError, "multihead_attention_ad", L.multihead_attention_ad, 0, q, q, q)
+    raises(TypeError, "multihead_attention_ad", L.multihead_attention_ad, 1.5, q, q, q)
+    raises(ShapeError, "multihead_attention_ad", L.multihead_attention_ad, 2, q, q, q,
+           np.ones((2, 2), bool))
+    raises(ShapeError, "multihead_attention_ad", L.multihead_attention_ad, 2, q,
+           V(np.ones((3, 2))), q)
+    big = V(np.full((3, 4), 1e200))
+    raises(NumericOverflow, "multihead_attention_ad", L.multihead_attention_ad, 2, big, big, q)
+    raises(NumericOverflow, "scaled_dot_product_attention_ad", L.scaled_dot_product_attention_ad,
+           big, big, q)
 
 
 # ----------------------------------------------------------------------------- convolution

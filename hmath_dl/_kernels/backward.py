@@ -257,18 +257,25 @@ def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
         dkb = dk[b]
         dvb = dv[b]
         ds = np.empty((N, M))
+        vt = np.empty((F, M))
+        for j in range(M):
+            for f in range(F):
+                vt[f, j] = vb[j, f]
         for i in range(N):
             gi = gb[i]
             pi = pb[i]
             dsi = ds[i]
+            # dp[i, j] = sum_f go[i, f] v[j, f], accumulated over f in increasing order
+            for j in range(M):
+                dsi[j] = 0.0
+            for f in range(F):
+                c = gi[f]
+                vr = vt[f]
+                for j in range(M):
+                    dsi[j] += c * vr[j]
             acc = 0.0
             for j in range(M):
-                vj = vb[j]
-                s = 0.0
-                for f in range(F):
-                    s += gi[f] * vj[f]
-                dsi[j] = s
-                acc += s * pi[j]
+                acc += dsi[j] * pi[j]
             for j in range(M):
                 dsi[j] = pi[j] * (dsi[j] - acc) * scale
         # dq = ds k

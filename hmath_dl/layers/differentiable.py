@@ -422,18 +422,64 @@ def multihead_attention_ad(heads, q, k, v, mask=None):
     Head ``i`` attends with feature columns ``[i D/h, (i+1) D/h)`` of ``q``/``k`` and
     ``[i F/h, (i+1) F/h)`` of ``v``; outputs concatenated in head order.  Gradients as in
     :func:`scaled_dot_product_attention_ad`, per head.
+
+    The forward pass runs the plain layer's attention kernel on the same head-split
+    arrays (so the numbers are those of ``multihead_attention``) and keeps the per-head
+    weights for the backward pass; any invalid argument is handed to the plain layer,
+    which raises its error.
     """
     from .attention import multihead_attention
     fname = "multihead_attention_ad"
     q = _ad(fname, "q", q)
     k = _ad(fname, "k", k)
     v = _ad(fname, "v", v)
-    with _named(fname):
+    prepared = _mha_prepare(fname, heads, q.value, k.value, v.value, mask)
+    if prepared is not None:
+        h, qs, ks, vs, mk = prepared
+        from .._kernels.attention import attention_forward
+        outs = np.empty(qs.shape[:2] + (vs.shape[2],))
+        weights = np.empty((qs.shape[0], qs.shape[1], ks.shape[1]))
+        status, _ = attention_forward(qs, ks, vs, mk, np.zeros((0, 0, 0)), outs, weights)
+        if status == 0:
+            return make_node("attention", _merge_heads(outs, h, q.shape[:-1] + (v.shape[-1],)),
+                             (q, k, v), (weights, h))
+    with _named(fname):  # raises the plain layer's error (or computes the value)
         out = multihead_attention(heads, q.value, k.value, v.value, mask)
     h = int(heads)
-    # per-head weights for the backward pass: the same kernel on the head-split layout
     weights = _head_weights(fname, h, q.value, k.value, v.value, mask)
     return make_node("attention", out, (q, k, v), (weights, h))
+
+
+def _mha_prepare(fname, heads, q, k, v, mask):
+    """Head-split inputs for the attention kernel, or None if anything is off (then the
+    plain layer validates and raises)."""
+    if isinstance(heads, (bool, np.bool_)) or not isinstance(heads, (int, np.integer)):
+        return None
+    h = int(heads)
+    if h < 1 or q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        return None
+    lead = q.shape[:-2]
+    n, d = q.shape[-2:]
+    m, f = v.shape[-2:]
+    if k.shape != lead + (m, d) or v.shape[:-2] != lead or d == 0 or d % h or f % h:
+        return None
+    if q.size == 0 or k.size == 0 or v.size == 0:
+        return None
+    B = q.size // (n * d)
+    if mask is None:
+        mk = np.ones((0, 0, 0), dtype=np.bool_)
+    else:
+        try:
+            mk = _checks.bool_array(fname, "mask", mask)
+        except (MathError, TypeError):
+            return None
+        if mk.shape == (n, m):
+            mk = mk.reshape(1, n, m)
+        elif mk.shape == lead + (n, m):
+            mk = mk.reshape(B, n, m)
+        else:
+            return None
+    return h, _split_heads(q, h), _split_heads(k, h), _split_heads(v, h), mk
 
 
 def _split_heads(a, h):
