@@ -37,6 +37,12 @@ def test_dense_leading_axes():
     np.testing.assert_allclose(got, ref.dense(x, w, bias), rtol=1e-13, atol=1e-13)
 
 
+def test_dense_huge_finite_values():
+    # the output sum overflows but every value is representable: no error
+    got = dense([[1e308], [1e308]], [[1.0], [-1.0]], None)
+    assert got.tolist() == [[1e308, -1e308], [1e308, -1e308]]
+
+
 def test_dense_empty():
     assert dense(np.zeros((0, 3)), np.ones((2, 3)), [1, 2]).shape == (0, 2)
     assert dense(np.zeros((2, 0)), np.ones((3, 0)), [1, 2, 3]).tolist() == [[1, 2, 3]] * 2

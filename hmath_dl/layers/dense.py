@@ -70,7 +70,12 @@ def dense(x, weights, bias):
             np.matmul(xa, w.T, out=out)
         if b is not None:
             out += b
-    if not np.isfinite(out).all():
+    # a NaN/inf anywhere makes the sum non-finite; a finite sum proves a finite output
+    # (one vectorised pass, no temporary); an overflowing sum of finite values falls
+    # back to the exact elementwise test
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = out.sum()
+    if not (np.isfinite(total) or np.isfinite(out).all()):
         _checks.require_finite(fname, "x", xa)
         _checks.require_finite(fname, "weights", w)
         if b is not None:
