@@ -583,10 +583,10 @@ def test_deterministic_across_thread_counts():
         from hmath_dl.precision import quantization as qmod
         rng = np.random.default_rng(7)
         # above the serial thresholds, so the parallel kernels really run on 2 threads
-        assert 600 * 501 * 260 > qmod.SERIAL_GEMM_WORK
-        assert 600 * 501 > qmod.SERIAL_QUANTIZE_ELEMENTS
-        x = rng.standard_normal((600, 501)) * 3.0 + 0.5
-        y = rng.standard_normal((501, 260))
+        assert 1100 * 1000 * 40 > qmod.SERIAL_GEMM_WORK
+        assert 1100 * 1000 > qmod.SERIAL_QUANTIZE_ELEMENTS
+        x = rng.standard_normal((1100, 1000)) * 3.0 + 0.5
+        y = rng.standard_normal((1000, 40))
         a = quantize(Quantization.ASYMMETRIC, 0, x)
         b = quantize(Quantization.SYMMETRIC, 1, y)
         t = quantize(Quantization.ASYMMETRIC, None, x)
