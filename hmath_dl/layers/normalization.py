@@ -1,8 +1,11 @@
 """Normalisation layers: batch, layer, instance, group, RMS and weight normalisation.
 
-All statistics are two-pass (mean, then the mean of squared deviations) and computed in a
-fixed order inside one parallel iteration per row/channel, so results are bitwise identical
-for any ``NUMBA_NUM_THREADS``.  Inputs are never pre-scanned for NaN/inf: the kernels notice
+Statistics are two-pass (mean, then the sum of squared deviations about it) over
+cache-resident chunks of at most 2048 elements, and the chunks of a row/channel are merged
+in order with Chan's update ``M2 = M2_a + M2_b + delta**2 n_a n_b / n`` (a row of at most
+2048 elements is plain two-pass).  Everything for one row/channel runs in a fixed order
+inside one parallel iteration, so results are bitwise identical for any
+``NUMBA_NUM_THREADS``.  Inputs are never pre-scanned for NaN/inf: the kernels notice
 a non-finite row sum and the facade then reports the offending element.  Rows whose sums
 overflow although every input is finite (``|x|`` near ``1e308``) are recomputed with an
 exact power-of-two scaling, so they give the mathematically defined (finite) result.
