@@ -227,7 +227,9 @@ def quantize(mode, axis, x) -> QuantizedTensor:
     _checks.member(fname, "mode", mode, Quantization)
     if axis is not None:
         _checks.integer(fname, "axis", axis)
-    arr = _checks.tensor(fname, "x", x, nonempty=True)
+    arr = _checks.tensor(fname, "x", x, nonempty=True, finite=False)
+    with _threads_for(arr.size, SERIAL_QUANTIZE_ELEMENTS):
+        _checks.require_finite(fname, "x", arr)
     ax = None if axis is None else _checks.axis(fname, "axis", axis, arr.ndim)
     outer, nch, inner = _layout(arr.shape, ax)
     flat = arr.reshape(-1)
