@@ -343,12 +343,16 @@ def gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
     for i in prange(m):
         ba = -1
         bf = -1
-        for j in range(n):
-            if kk <= _PORTABLE_KCHUNK:
-                p = 0
+        row = np.empty(n, dtype=np.int32)
+        if kk <= _PORTABLE_KCHUNK:
+            for j in range(n):
+                p = np.int32(0)
                 for t in range(kk):
                     p += np.int32(qa[i, t]) * np.int32(qbt[j, t])
-                s = np.int64(np.int32(p))  # exact: |p| <= 65536 * 2**14 = 2**30
+                row[j] = p  # exact: |p| <= 65536 * 2**14 = 2**30
+        for j in range(n):
+            if kk <= _PORTABLE_KCHUNK:
+                s = np.int64(row[j])
             else:
                 s = np.int64(0)
                 for t in range(kk):
