@@ -69,7 +69,8 @@ def test_four_threads_match_serial_results():
 # ------------------------------------------------------------------ JIT cache
 _PROBE = textwrap.dedent("""
     import numpy as np, sys
-    import hmath_dl
+    import hmath_dl, os
+    assert os.path.dirname(os.path.dirname(hmath_dl.__file__)) == os.getcwd(), hmath_dl.__file__
     from hmath_dl import _checks
     from hmath_dl.precision import Precision, round_to_bits
     x = np.linspace(-3, 3, 100_001)
@@ -108,7 +109,7 @@ def _run_readonly(site, ro_dirs, env):
     mounts = " && ".join(f"mount --bind -o ro {d} {d}" for d in ro_dirs)
     script = f"{mounts} && exec {sys.executable} -c \"$PROBE\""
     env = dict(env, PROBE=_PROBE)
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], env=env,
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, cwd=site,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -131,7 +132,7 @@ def test_readonly_install_uses_user_cache_or_none(tmp_path):
 def test_three_processes_compile_and_cache_at_once(tmp_path):
     site = _fresh_copy(tmp_path)
     env = _env(site)
-    procs = [subprocess.Popen([sys.executable, "-c", _PROBE], env=env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", _PROBE], env=env, cwd=site, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (stdout, stderr) in zip(procs, outs):
@@ -139,7 +140,7 @@ def test_three_processes_compile_and_cache_at_once(tmp_path):
     assert len({stdout for stdout, _ in outs}) == 1
     assert list(site.rglob("*.nbi")), "no cache index was written"
     # a fourth process loads from the cache and agrees
-    again = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+    again = subprocess.run([sys.executable, "-c", _PROBE], env=env, cwd=site, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0 and again.stdout == outs[0][0]
 
@@ -147,7 +148,7 @@ def test_three_processes_compile_and_cache_at_once(tmp_path):
 def test_cache_can_be_switched_off(tmp_path):
     site = _fresh_copy(tmp_path)
     out = subprocess.run([sys.executable, "-c", _PROBE], env=_env(site, HMATH_DL_NO_CACHE=1),
-                         capture_output=True, text=True, timeout=600)
+                         cwd=site, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert not list(site.rglob("*.nbi"))
 
