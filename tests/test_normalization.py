@@ -375,3 +375,15 @@ def test_deterministic_across_threads():
         for o in outs:
             sys.stdout.buffer.write(o.tobytes())
     """)
+
+
+def test_weight_norm_nonfinite_slices():
+    # NaN-only slice (a max ignores NaN: must not look like a zero slice), NaN among
+    # values, inf; every case names the element
+    for w, where in (([[np.nan, np.nan], [1.0, 2.0]], "(0, 0)"),
+                     ([[1.0, 2.0], [3.0, np.nan]], "(1, 1)"),
+                     ([[1.0, -np.inf], [3.0, 4.0]], "(0, 1)"),
+                     ([[0.0, 0.0], [np.nan, 0.0]], "(1, 0)")):
+        with pytest.raises(NonFiniteError, match="^weight_norm") as info:
+            weight_norm(0, [1.0, 1.0], w)
+        assert where in str(info.value)

@@ -347,29 +347,91 @@ def batch_norm_apply(x, N, C, S, scale, shift, center, out, status):
         status[c] = OK if ok else OVERFLOW
 
 
+@helper
+def _maxabs(row, acc):
+    """max |row| with ``len(acc)`` lanes (vectorisable; max is exact in any order)."""
+    lanes = acc.shape[0]
+    n = row.shape[0]
+    nb = n // lanes
+    for k in range(lanes):
+        acc[k] = 0.0
+    for b in range(nb):
+        blk = row[b * lanes:(b + 1) * lanes]
+        for k in range(lanes):
+            v = abs(blk[k])
+            acc[k] = v if v > acc[k] else acc[k]
+    mx = 0.0
+    for k in range(lanes):
+        mx = max(mx, acc[k])
+    for i in range(nb * lanes, n):
+        mx = max(mx, abs(row[i]))
+    return mx
+
+
+@helper
+def _sumsq_scaled_lanes(row, s, acc):
+    """sum((row * s)**2) with ``len(acc)`` lanes, lanes added in order, then the tail."""
+    lanes = acc.shape[0]
+    n = row.shape[0]
+    nb = n // lanes
+    for k in range(lanes):
+        acc[k] = 0.0
+    for b in range(nb):
+        blk = row[b * lanes:(b + 1) * lanes]
+        for k in range(lanes):
+            d = blk[k] * s
+            acc[k] += d * d
+    t = 0.0
+    for k in range(lanes):
+        t += acc[k]
+    for i in range(nb * lanes, n):
+        d = row[i] * s
+        t += d * d
+    return t
+
+
 @kernel
 def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
     """``out[p, i, q] = w[p, i, q] * magnitudes[i] / ||w[:, i, :]||`` on the flat
-    ``[P, A, Q]`` array ``w``; the norm is computed with power-of-two scaling (no
-    overflow or underflow in the squares).  status: 0 ok, 1 non-finite input,
-    2 overflow, 3 zero slice."""
+    ``[P, A, Q]`` array ``w``.  The norm uses an exact
+    power-of-two scaling ``s`` with ``max|w_i| * s`` in ``[0.5, 1)``, so the squares
+    neither overflow nor underflow: ``||w_i|| = sqrt(sum((w s)**2)) / s``.  status:
+    0 ok, 1 a NaN/inf in the slice, 2 overflow, 3 zero slice."""
     for i in prange(A):
         base = i * Q
-        if not _group_all_finite(w, base, P, Q, A * Q):
+        acc = np.empty(lanes)
+        mx = 0.0
+        for j in range(P):
+            st = base + j * A * Q
+            mx = max(mx, _maxabs(w[st:st + Q], acc))
+        if mx == 0.0:  # all zeros, or NaNs that the max ignored
+            ok = _group_all_finite(w, base, P, Q, A * Q)
+            status[i] = 3 if ok else NONFINITE_INPUT
+            continue
+        if not (mx - mx == 0.0):
             status[i] = NONFINITE_INPUT
             continue
-        acc = np.empty(lanes)
-        s = _group_scale(w, base, P, Q, A * Q)
-        q = _group_sumsq(w, base, P, Q, A * Q, s, 0.0, acc)  # s != 1 takes the serial path
-        if q == 0.0:
-            status[i] = 3
+        f0, e = math.frexp(mx)
+        if e < -1020:
+            e = -1020
+        s = math.ldexp(1.0, -e)
+        q = 0.0
+        for j in range(P):
+            st = base + j * A * Q
+            q += _sumsq_scaled_lanes(w[st:st + Q], s, acc)
+        if not (q - q == 0.0):  # a NaN (|w s| < 1 cannot overflow)
+            status[i] = NONFINITE_INPUT
             continue
-        # ||w|| = sqrt(q) / s ; out = w * mag / ||w|| = (w * s) * (mag / sqrt(q))
+        # out = w * mag / ||w|| = (w * s) * (mag / sqrt(q)); sqrt(q) >= 0.5 (or >= 2**-54
+        # for subnormal-only slices), |w s| < 1
         f = magnitudes[i] / math.sqrt(q)
         status[i] = OK
         for j in range(P):
             st = base + j * A * Q
+            seg = w[st:st + Q]
+            oseg = out[st:st + Q]
             for k in range(Q):
-                out[st + k] = (w[st + k] * s) * f
-        if not _group_all_finite(out, base, P, Q, A * Q):
-            status[i] = OVERFLOW
+                oseg[k] = (seg[k] * s) * f
+        if not abs(f) < 1.0e307:
+            if not _group_all_finite(out, base, P, Q, A * Q):
+                status[i] = OVERFLOW

@@ -37,10 +37,10 @@ def _raise_status(fname, status, xa, what="x", unit="row"):
     bad = np.flatnonzero(status)
     if bad.size == 0:
         return
+    if (status == _NONFINITE).any():  # a NaN/inf input is reported before anything else
+        _checks.require_finite(fname, what, xa)
     first = int(bad[0])
     code = int(status[first])
-    if code == _NONFINITE:
-        _checks.require_finite(fname, what, xa)
     if code == _ZERO:
         raise DomainError(f"{fname}: {unit} {first} of {what} is all zeros (its norm is 0; "
                           f"expected a non-zero slice)")
@@ -388,7 +388,7 @@ def weight_norm(axis, magnitudes, w):
     ShapeError, NonFiniteError, NumericOverflow, TypeError.
     """
     fname = "weight_norm"
-    wa = _checks.tensor(fname, "w", w, min_ndim=1)
+    wa = _checks.tensor(fname, "w", w, min_ndim=1, finite=False)  # the kernel checks
     ax = _checks.axis(fname, "axis", axis, wa.ndim)
     a = wa.shape[ax]
     mags = _checks.vector(fname, "magnitudes", magnitudes, a)
