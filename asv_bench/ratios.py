@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Measure the headline speed ratios of issue 7 side by side and print a markdown table.
+
+    python asv_bench/ratios.py                 # every pair, 7 interleaved repeats
+    python asv_bench/ratios.py -r 15 -k conv   # only pairs whose name contains "conv"
+
+For every pair, ours and the peer run in this one process on the same inputs (float64
+unless stated), interleaved: repeat ``r`` times { time ours, time peer }, each time being
+the best per-call time of a ``timeit`` loop long enough to last ~0.1 s; the table reports
+the best of the ``r`` repeats of each and ``peer / ours`` (> 1: ours is faster).  Peer =
+torch float64 when importable (same thread count as numba), else the numpy expression.
+Compilation is excluded: every function runs once before timing.  The shapes are the
+issue's targets, the same as the asv benchmarks (asv_bench/benchmarks/bench_*.py).
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import timeit
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# import hmath_dl from this checkout, and the bench package (training steps) from here
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.append(HERE)
+
+try:
+    import torch
+    torch.set_num_threads(int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)))
+except Exception:  # pragma: no cover - torch absent
+    torch = None
+
+import numba  # noqa: E402
+
+from hmath_dl import layers as L  # noqa: E402
+from hmath_dl import precision as P  # noqa: E402
+
+
+def rnd(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def tt(a):
+    return torch.from_numpy(np.array(a, dtype=np.float64, copy=True))
+
+
+# --------------------------------------------------------------------------- the pairs
+# each builder returns (ours callable, peer name, peer callable); None peer = skip
+PAIRS = []
+
+
+def pair(name, shape):
+    def wrap(builder):
+        PAIRS.append((name, shape, builder))
+        return builder
+    return wrap
+
+
+@pair("int8_gemm (per-row x per-column, symmetric)", "1024 x 1024 x 1024")
+def _int8():
+    qa = P.quantize(P.Quantization.SYMMETRIC, 0, rnd((1024, 1024), 1))
+    qb = P.quantize(P.Quantization.SYMMETRIC, 1, rnd((1024, 1024), 2))
+    a, b = rnd((1024, 1024), 1), rnd((1024, 1024), 2)
+    return (lambda: P.int8_gemm(qa, qb)), "numpy float64 matmul", (lambda: a @ b)
+
+
+@pair("reduced_gemm BF16", "1024 x 1024 x 1024")
+def _bf16():
+    a, b = rnd((1024, 1024), 1), rnd((1024, 1024), 2)
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    return (lambda: P.reduced_gemm(P.Precision.BF16, a, b)), "numpy float32 matmul", (lambda: a32 @ b32)
+
+
+def _row_norm(ours, torch_fn, numpy_fn):
+    x = rnd((16, 512, 768), 3)
+    if torch is not None:
+        t = tt(x)
+        return (lambda: ours(1, 1e-5, x)), "torch", (lambda: torch_fn(t, (768,), eps=1e-5))
+    return (lambda: ours(1, 1e-5, x)), "numpy", (lambda: numpy_fn(x))
+
+
+@pair("layer_norm (last axis)", "16 x 512 x 768")
+def _ln():
+    def np_ln(x):
+        d = x - x.mean(axis=-1, keepdims=True)
+        return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5)
+    return _row_norm(L.layer_norm, torch and torch.nn.functional.layer_norm, np_ln)
+
+
+@pair("rms_norm (last axis)", "16 x 512 x 768")
+def _rms():
+    def np_rms(x):
+        return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-5)
+    return _row_norm(L.rms_norm, torch and torch.nn.functional.rms_norm, np_rms)
+
+
+@pair("batch_norm TRAINING", "16 x 64 x 56 x 56")
+def _bn():
+    x = rnd((16, 64, 56, 56), 4)
+    g, b, s = np.ones(64), np.zeros(64), L.BatchNormState.initial(64)
+
+    def ours():
+        return L.batch_norm(L.Mode.TRAINING, 0.1, 1e-5, g, b, s, x)
+    if torch is None:
+        def peer():
+            d = x - x.mean(axis=(0, 2, 3), keepdims=True)
+            return d / np.sqrt((d * d).mean(axis=(0, 2, 3), keepdims=True) + 1e-5)
+        return ours, "numpy", peer
+    t, tg, tb = tt(x), tt(g), tt(b)
+    rm, rv = tt(np.zeros(64)), tt(np.ones(64))
+    return ours, "torch", (lambda: torch.nn.functional.batch_norm(
+        t, rm, rv, tg, tb, training=True, momentum=0.1, eps=1e-5))
+
+
+@pair("group_norm(8)", "16 x 64 x 56 x 56")
+def _gn():
+    x = rnd((16, 64, 56, 56), 4)
+    if torch is None:
+        def peer():
+            g = x.reshape(16, 8, -1)
+            d = g - g.mean(axis=-1, keepdims=True)
+            return (d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5)).reshape(x.shape)
+        return (lambda: L.group_norm(8, 1e-5, x)), "numpy", peer
+    t = tt(x)
+    return (lambda: L.group_norm(8, 1e-5, x)), "torch", (lambda: torch.nn.functional.group_norm(t, 8, eps=1e-5))
+
+
+@pair("dense x @ w.T + b", "x 512 x 1024, w 1024 x 1024")
+def _dense():
+    x, w, b = rnd((512, 1024), 5), rnd((1024, 1024), 6), rnd((1024,), 7)
+    return (lambda: L.dense(x, w, b)), "numpy x @ w.T + b", (lambda: x @ w.T + b)
+
+
+def _torch_or_skip(ours, peer):
+    return (ours, "torch", peer) if torch is not None else (ours, None, None)
+
+
+@pair("conv2d, padding 1", "x 8x32x32x32, w 64x32x3x3")
+def _conv2d():
+    x, w = rnd((8, 32, 32, 32), 8), rnd((64, 32, 3, 3), 9)
+    o = L.ConvOptions(1, 1, 1)
+    tx, tw = (tt(x), tt(w)) if torch else (None, None)
+    return _torch_or_skip(lambda: L.convolution(o, x, w, None),
+                          lambda: torch.nn.functional.conv2d(tx, tw, padding=1))
+
+
+@pair("conv1d", "x 16x64x1024, w 64x64x5")
+def _conv1d():
+    x, w = rnd((16, 64, 1024), 10), rnd((64, 64, 5), 11)
+    o = L.ConvOptions(1, 0, 1)
+    tx, tw = (tt(x), tt(w)) if torch else (None, None)
+    return _torch_or_skip(lambda: L.convolution(o, x, w, None),
+                          lambda: torch.nn.functional.conv1d(tx, tw))
+
+
+@pair("transposed conv2d, stride 2", "x 8x64x16x16, w 64x64x4x4")
+def _tconv():
+    x, w = rnd((8, 64, 16, 16), 12), rnd((64, 64, 4, 4), 13)
+    o = L.ConvOptions(2, 0, 1)
+    tx, tw = (tt(x), tt(w)) if torch else (None, None)
+    return _torch_or_skip(lambda: L.transposed_convolution(0, o, x, w, None),
+                          lambda: torch.nn.functional.conv_transpose2d(tx, tw, stride=2))
+
+
+@pair("depthwise conv2d, padding 1", "x 8x64x56x56, w 64x1x3x3")
+def _dw():
+    x, w = rnd((8, 64, 56, 56), 14), rnd((64, 1, 3, 3), 15)
+    o = L.ConvOptions(1, 1, 1)
+    tx, tw = (tt(x), tt(w)) if torch else (None, None)
+    return _torch_or_skip(lambda: L.depthwise_convolution(o, x, w, None),
+                          lambda: torch.nn.functional.conv2d(tx, tw, padding=1, groups=64))
+
+
+@pair("max pooling k3 s2 p1", "8 x 64 x 56 x 56")
+def _maxpool():
+    x = rnd((8, 64, 56, 56), 16)
+    tx = tt(x) if torch else None
+    return _torch_or_skip(lambda: L.pooling(L.PoolMode.MAX, 3, 2, 1, x),
+                          lambda: torch.nn.functional.max_pool2d(tx, 3, 2, 1))
+
+
+@pair("average pooling k3 s2 p1 (padding excluded)", "8 x 64 x 56 x 56")
+def _avgpool():
+    x = rnd((8, 64, 56, 56), 16)
+    tx = tt(x) if torch else None
+    return _torch_or_skip(lambda: L.pooling(L.PoolMode.AVERAGE, 3, 2, 1, x),
+                          lambda: torch.nn.functional.avg_pool2d(tx, 3, 2, 1, count_include_pad=False))
+
+
+@pair("SDPA causal (ours also returns the weights)", "q = k = v 8 x 512 x 64")
+def _sdpa():
+    x = rnd((8, 512, 64), 17)
+    m = L.causal_mask(512, 512, 0)
+    tx = tt(x) if torch else None
+    return _torch_or_skip(lambda: L.scaled_dot_product_attention(x, x, x, m),
+                          lambda: torch.nn.functional.scaled_dot_product_attention(tx, tx, tx, is_causal=True))
+
+
+@pair("KV cache: 4000 vs 1000 one-row appends (linear = 4.0)", "rows of width 64 / 64")
+def _kv():
+    g = np.random.default_rng(18)
+    rows = [(g.standard_normal((1, 64)), g.standard_normal((1, 64))) for _ in range(4000)]
+
+    def decode(n):
+        c = L.empty_cache(n, 64, 64)
+        for k, v in rows[:n]:
+            c = L.append_cache(c, k, v)
+        return c
+    # "ours" = 1000 appends, "peer" = 4000 appends: the ratio is peer/ours = growth factor
+    return (lambda: decode(1000)), "ours, 4000 appends", (lambda: decode(4000))
+
+
+def _training(kind):
+    try:
+        from benchmarks import bench_autodiff as B
+    except Exception as e:  # pragma: no cover
+        print(f"(training steps unavailable: {e!r})", file=sys.stderr)
+        return None, None, None
+    if kind == "cnn":
+        p = B.cnn_params()
+        x, y = B.cnn_data(64)
+        ours = lambda: B.cnn_step(p, x, y)  # noqa: E731
+        if torch is None:
+            return ours, None, None
+        tp, tx, ty = [tt(a) for a in p], tt(x), torch.from_numpy(y)
+        return ours, "torch", (lambda: B.torch_cnn_step(tp, tx, ty))
+    p = B.transformer_params()
+    t, y = B.transformer_data(16)
+    ours = lambda: B.transformer_step(p, t, y)  # noqa: E731
+    if torch is None:
+        return ours, None, None
+    tp = [tt(a) for a in p]
+    tt_, ty, mask = torch.from_numpy(t), torch.from_numpy(y), torch.from_numpy(B.CAUSAL.copy())
+    return ours, "torch", (lambda: B.torch_transformer_step(tp, tt_, ty, mask))
+
+
+@pair("training step, small CNN (forward + backward)", "batch 64, 1x8x8 images")
+def _train_cnn():
+    return _training("cnn")
+
+
+@pair("training step, 2-layer transformer (forward + backward)", "batch 16, seq 64, d 64")
+def _train_tf():
+    return _training("transformer")
+
+
+# --------------------------------------------------------------------------- timing
+def per_call(fn, number):
+    return min(timeit.repeat(fn, number=number, repeat=1)) / number
+
+
+def calibrate(fn, target=0.1):
+    n = 1
+    while True:
+        t = timeit.timeit(fn, number=n)
+        if t >= target or n >= 10_000:
+            return n
+        n = max(n * 2, int(n * target / max(t, 1e-9)) + 1) if t > 0.01 else n * 10
+
+
+def measure(ours, peer, repeats):
+    ours(), peer()  # compile / load, warm caches
+    no, npeer = calibrate(ours), calibrate(peer)
+    to, tp = [], []
+    for _ in range(repeats):
+        to.append(per_call(ours, no))
+        tp.append(per_call(peer, npeer))
+    return min(to), min(tp)
+
+
+def fmt(t):
+    return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-r", "--repeat", type=int, default=7, help="interleaved repeats (best of)")
+    ap.add_argument("-k", "--filter", default="", help="only pairs whose name contains this")
+    args = ap.parse_args(argv)
+    print(f"<!-- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs; "
+          f"numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads), "
+          f"numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}"
+          f"{' (' + str(torch.get_num_threads()) + ' threads)' if torch else ''}; "
+          f"best of {args.repeat} interleaved repeats -->")
+    print()
+    print("| benchmark | shape | ours | peer | peer time | peer / ours |")
+    print("|---|---|---:|---|---:|---:|")
+    for name, shape, builder in PAIRS:
+        if args.filter.lower() not in name.lower():
+            continue
+        ours, peer_name, peer = builder()
+        if ours is None or peer is None:
+            print(f"| {name} | {shape} | - | (no peer) | - | - |", flush=True)
+            continue
+        to, tp = measure(ours, peer, args.repeat)
+        print(f"| {name} | {shape} | {fmt(to)} | {peer_name} | {fmt(tp)} | {tp / to:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
