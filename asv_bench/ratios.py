@@ -3,6 +3,7 @@
 
     python asv_bench/ratios.py                 # every pair, 7 interleaved repeats
     python asv_bench/ratios.py -r 15 -k conv   # only pairs whose name contains "conv"
+    python asv_bench/ratios.py --asv           # the same pairs from the newest saved asv run
 
 For every pair, ours and the peer run in this one process on the same inputs (float64
 unless stated), interleaved: repeat ``r`` times { time ours, time peer }, each time being
@@ -11,6 +12,10 @@ the best of the ``r`` repeats of each and ``peer / ours`` (> 1: ours is faster).
 torch float64 when importable (same thread count as numba), else the numpy expression.
 Compilation is excluded: every function runs once before timing.  The shapes are the
 issue's targets, the same as the asv benchmarks (asv_bench/benchmarks/bench_*.py).
+
+``--asv [FILE]`` measures nothing: it reads an asv result file (default: the newest one
+under asv_bench/.asv/results, written by ``asv run --python=same --set-commit-hash=...``)
+and prints the same pairs from that run's numbers (``ASV_PAIRS`` names the benchmarks).
 """
 
 import argparse
@@ -248,6 +253,88 @@ def _train_tf():
     return _training("transformer")
 
 
+# --------------------------------------------------------------------------- asv results
+# pair name prefix -> ((ours benchmark, params), (peer benchmark, params)); params as asv prints
+ASV_PAIRS = {
+    "int8_gemm": (("bench_quantization.Int8Gemm.time_int8_gemm", ["1024"]),
+                  ("bench_quantization.NumpyMatmulFloat64.time_numpy_matmul_float64", ["1024"])),
+    "reduced_gemm": (("bench_half.ReducedGemm.time_reduced_gemm", ["1024", "'BF16'"]),
+                     ("bench_half.NumpyMatmulFloat32.time_numpy_matmul_float32", ["1024"])),
+    "layer_norm": (("bench_norm.RowNorms.time_layer_norm", ["(16, 512, 768)"]),
+                   ("bench_norm.TorchRowNorms.time_layer_norm", ["(16, 512, 768)"])),
+    "rms_norm": (("bench_norm.RowNorms.time_rms_norm", ["(16, 512, 768)"]),
+                 ("bench_norm.TorchRowNorms.time_rms_norm", ["(16, 512, 768)"])),
+    "batch_norm": (("bench_norm.ImageNorms.time_batch_norm_training", ["(16, 64, 56, 56)"]),
+                   ("bench_norm.TorchImageNorms.time_batch_norm_training", ["(16, 64, 56, 56)"])),
+    "group_norm": (("bench_norm.ImageNorms.time_group_norm_8", ["(16, 64, 56, 56)"]),
+                   ("bench_norm.TorchImageNorms.time_group_norm_8", ["(16, 64, 56, 56)"])),
+    "dense": (("bench_dense.Dense.time_dense", ["(512, 1024)"]),
+              ("bench_dense.NumpyDense.time_dense", ["(512, 1024)"])),
+    "conv2d": (("bench_conv.Conv2d.time_convolution", ["32"]),
+               ("bench_conv.TorchConv2d.time_torch_conv2d", ["32"])),
+    "conv1d": (("bench_conv.Conv1d.time_convolution", ["1024"]),
+               ("bench_conv.TorchConv1d.time_torch_conv1d", ["1024"])),
+    "transposed conv2d": (("bench_conv.TransposedConv2d.time_transposed_convolution", ["16"]),
+                          ("bench_conv.TorchTransposedConv2d.time_torch_conv_transpose2d", ["16"])),
+    "depthwise conv2d": (("bench_conv.DepthwiseConv2d.time_depthwise_convolution", ["56"]),
+                         ("bench_conv.TorchDepthwiseConv2d.time_torch_depthwise_conv2d", ["56"])),
+    "max pooling": (("bench_pool.Pool2d.time_max_pooling", ["56"]),
+                    ("bench_pool.TorchPool2d.time_torch_max_pool2d", ["56"])),
+    "average pooling": (("bench_pool.Pool2d.time_average_pooling", ["56"]),
+                        ("bench_pool.TorchPool2d.time_torch_avg_pool2d", ["56"])),
+    "SDPA": (("bench_attention.CausalAttention.time_sdpa_causal", ["512"]),
+             ("bench_attention.TorchCausalAttention.time_torch_sdpa_causal", ["512"])),
+    "KV cache": (("bench_attention.KVCacheDecode.time_append_one_row_at_a_time", ["1000"]),
+                 ("bench_attention.KVCacheDecode.time_append_one_row_at_a_time", ["4000"])),
+    "training step, small CNN": (("bench_autodiff.TrainCNN.time_hmath_dl", ["64"]),
+                                 ("bench_autodiff.TrainCNNTorch.time_torch_float64", ["64"])),
+    "training step, 2-layer": (("bench_autodiff.TrainTransformer.time_hmath_dl", ["16"]),
+                               ("bench_autodiff.TrainTransformerTorch.time_torch_float64", ["16"])),
+}
+
+
+def asv_value(results, name, params):
+    """One number from an asv result file (None when missing, failed or skipped)."""
+    import itertools
+    entry = results.get(name)
+    if entry is None:
+        return None
+    values, grid = entry[0], entry[1]
+    if not grid:
+        return values if not isinstance(values, list) else values[0]
+    for value, combo in zip(values, itertools.product(*grid)):
+        if list(combo) == params:
+            return value
+    return None
+
+
+def from_asv(path):
+    import glob
+    import json
+    if path is None:
+        files = glob.glob(os.path.join(HERE, ".asv", "results", "*", "*.json"))
+        files = [f for f in files if not f.endswith("machine.json")]
+        if not files:
+            sys.exit("no saved asv results: run asv with --set-commit-hash first")
+        path = max(files, key=os.path.getmtime)
+    with open(path) as f:
+        data = json.load(f)
+    print(f"<!-- from {os.path.relpath(path, HERE)}: commit {data['commit_hash'][:10]}, "
+          f"{datetime.datetime.fromtimestamp(data['date'] / 1000, datetime.timezone.utc):%Y-%m-%d} -->")
+    print()
+    print("| benchmark | shape | ours (asv) | peer | peer (asv) | peer / ours |")
+    print("|---|---|---:|---|---:|---:|")
+    for name, shape, builder in PAIRS:
+        key = next(k for k in ASV_PAIRS if name.startswith(k))
+        (ob, op), (pb, pp) = ASV_PAIRS[key]
+        to, tp = asv_value(data["results"], ob, op), asv_value(data["results"], pb, pp)
+        peer = pb.split(".")[-2] + ("" if pb != ob else f" {pp[0]}")
+        if to is None or tp is None:
+            print(f"| {name} | {shape} | {fmt(to) if to else '-'} | {peer} | {fmt(tp) if tp else '-'} | - |")
+        else:
+            print(f"| {name} | {shape} | {fmt(to)} | {peer} | {fmt(tp)} | {tp / to:.2f} |")
+
+
 # --------------------------------------------------------------------------- timing
 def per_call(fn, number):
     return min(timeit.repeat(fn, number=number, repeat=1)) / number
@@ -280,7 +367,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-r", "--repeat", type=int, default=7, help="interleaved repeats (best of)")
     ap.add_argument("-k", "--filter", default="", help="only pairs whose name contains this")
+    ap.add_argument("--asv", nargs="?", const="", default=None, metavar="FILE",
+                    help="print the pairs from a saved asv result file instead of measuring")
     args = ap.parse_args(argv)
+    if args.asv is not None:
+        return from_asv(args.asv or None)
     print(f"<!-- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
           f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs; "
           f"numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads), "
