@@ -265,18 +265,28 @@ def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
             gi = gb[i]
             pi = pb[i]
             dsi = ds[i]
-            # dp[i, j] = sum_f go[i, f] v[j, f], accumulated over f in increasing order
             for j in range(M):
                 dsi[j] = 0.0
+            # keys with p == 0 (masked, or a fully masked row) get ds == 0: only the span
+            # [lo, hi] of non-zero weights is computed
+            lo = 0
+            while lo < M and pi[lo] == 0.0:
+                lo += 1
+            if lo == M:
+                continue
+            hi = M - 1
+            while pi[hi] == 0.0:
+                hi -= 1
+            # dp[i, j] = sum_f go[i, f] v[j, f], accumulated over f in increasing order
             for f in range(F):
                 c = gi[f]
                 vr = vt[f]
-                for j in range(M):
+                for j in range(lo, hi + 1):
                     dsi[j] += c * vr[j]
             acc = 0.0
-            for j in range(M):
+            for j in range(lo, hi + 1):
                 acc += dsi[j] * pi[j]
-            for j in range(M):
+            for j in range(lo, hi + 1):
                 dsi[j] = pi[j] * (dsi[j] - acc) * scale
         # dq = ds k
         for i in range(N):
