@@ -117,11 +117,12 @@ def batch_norm_backward(x, g, N, C, S, eps, gamma, training, run_mean, run_var,
 def pool_backward(x, g, is_max, kd, kh, kw, sd, sh, sw, pd, ph, pw, dx):
     """Pooling backward on 5-D views ``x, dx [N, C, D, H, W]``, ``g [N, C, OD, OH, OW]``.
 
-    Parallel over ``(n, c)`` planes.  MAX: each output's cotangent goes to the first
-    position (in window order d, h, w) holding the window maximum; padded positions never
-    win.  AVERAGE: each output's cotangent is divided by the number of non-padded
-    positions in its window and added to each of them.  Outputs are visited in row-major
-    order, so every sum has a fixed order.
+    Parallel over ``(n, c)`` planes.  The window of output ``o`` is the box
+    ``[o*s - p, o*s - p + k)`` per axis, clipped to the input (padding never takes part).
+    MAX: each output's cotangent goes to the first position (in window order d, h, w)
+    holding the window maximum.  AVERAGE: each output's cotangent is divided by the number
+    of positions in the clipped box and added to each of them.  Outputs are visited in
+    row-major order, so every sum has a fixed order.
     """
     N, C, D, H, W = x.shape
     OD, OH, OW = g.shape[2], g.shape[3], g.shape[4]
@@ -136,66 +137,33 @@ def pool_backward(x, g, is_max, kd, kh, kw, sd, sh, sw, pd, ph, pw, dx):
                 for e in range(W):
                     dp[a, b, e] = 0.0
         for od in range(OD):
-            d0 = od * sd - pd
+            d0 = max(od * sd - pd, 0)
+            d1 = min(od * sd - pd + kd, D)
             for oh in range(OH):
-                h0 = oh * sh - ph
+                h0 = max(oh * sh - ph, 0)
+                h1 = min(oh * sh - ph + kh, H)
                 for ow in range(OW):
-                    w0 = ow * sw - pw
+                    w0 = max(ow * sw - pw, 0)
+                    w1 = min(ow * sw - pw + kw, W)
+                    if d0 >= d1 or h0 >= h1 or w0 >= w1:
+                        continue
                     gv = gp[od, oh, ow]
                     if is_max:
-                        best = -np.inf
-                        bd = -1
-                        bh = -1
-                        bw = -1
-                        for i in range(kd):
-                            di = d0 + i
-                            if di < 0 or di >= D:
-                                continue
-                            for j in range(kh):
-                                hj = h0 + j
-                                if hj < 0 or hj >= H:
-                                    continue
-                                for k in range(kw):
-                                    wk = w0 + k
-                                    if wk < 0 or wk >= W:
-                                        continue
-                                    v = xp[di, hj, wk]
-                                    if bd < 0 or v > best:
-                                        best = v
-                                        bd = di
-                                        bh = hj
-                                        bw = wk
-                        if bd >= 0:
-                            dp[bd, bh, bw] += gv
+                        bd, bh, bw = d0, h0, w0
+                        best = xp[d0, h0, w0]
+                        for i in range(d0, d1):
+                            for j in range(h0, h1):
+                                for k in range(w0, w1):
+                                    if xp[i, j, k] > best:
+                                        best = xp[i, j, k]
+                                        bd, bh, bw = i, j, k
+                        dp[bd, bh, bw] += gv
                     else:
-                        cnt = 0
-                        for i in range(kd):
-                            di = d0 + i
-                            if di < 0 or di >= D:
-                                continue
-                            for j in range(kh):
-                                hj = h0 + j
-                                if hj < 0 or hj >= H:
-                                    continue
-                                for k in range(kw):
-                                    wk = w0 + k
-                                    if wk >= 0 and wk < W:
-                                        cnt += 1
-                        if cnt == 0:
-                            continue
-                        share = gv / cnt
-                        for i in range(kd):
-                            di = d0 + i
-                            if di < 0 or di >= D:
-                                continue
-                            for j in range(kh):
-                                hj = h0 + j
-                                if hj < 0 or hj >= H:
-                                    continue
-                                for k in range(kw):
-                                    wk = w0 + k
-                                    if wk >= 0 and wk < W:
-                                        dp[di, hj, wk] += share
+                        share = gv / ((d1 - d0) * (h1 - h0) * (w1 - w0))
+                        for i in range(d0, d1):
+                            for j in range(h0, h1):
+                                for k in range(w0, w1):
+                                    dp[i, j, k] += share
 
 
 # --------------------------------------------------------------------------- embedding

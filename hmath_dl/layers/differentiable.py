@@ -144,6 +144,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
     """
     from .._kernels.backward import channels_first, col2im, im2col
+    from .._kernels.conv import _as5, _pad3  # the conv kernels' own view helpers
     r = x.ndim - 2
     xs = x.shape
     N, C = xs[0], xs[1]
@@ -251,16 +252,9 @@ def pooling_ad(mode, window, stride, padding, x):
                      (is_max, _tuple(window, r), _tuple(stride, r), _tuple(padding, r)))
 
 
-def _as5(a):
-    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
-
-
-def _pad3(t, fill):
-    return (fill,) * (3 - len(t)) + tuple(t)
-
-
 def _vjp_pooling(g, node, needs):
     from .._kernels.backward import pool_backward
+    from .._kernels.conv import _as5, _pad3
     x = node.parents[0]
     is_max, k, s, p = node.ctx
     k, s, p = _pad3(k, 1), _pad3(s, 1), _pad3(p, 0)
@@ -483,13 +477,9 @@ def _mha_prepare(fname, heads, q, k, v, mask):
 
 
 def _split_heads(a, h):
-    """``[..., N, D] -> [B*h, N, D/h]`` (C-contiguous)."""
-    lead = a.shape[:-2]
-    n, d = a.shape[-2:]
-    b = 1
-    for s_ in lead:
-        b *= s_
-    return np.ascontiguousarray(a.reshape(b, n, h, d // h).transpose(0, 2, 1, 3)).reshape(b * h, n, d // h)
+    """``[..., N, D] -> [B*h, N, D/h]`` (C-contiguous): the plain layer's own helper."""
+    from .attention import _split_heads as split
+    return split(a, h)
 
 
 def _merge_heads(a, h, shape):
