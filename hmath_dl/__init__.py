@@ -15,7 +15,15 @@ Importing the package compiles nothing; each kernel is compiled (or loaded from 
 on-disk cache) on its first call.
 """
 
-from . import errors, rng
+import os as _os
+
+# Numba's OpenMP threading layer spins idle workers by default; on a busy machine (or with
+# BLAS threads beside it) that makes every parallel launch cost milliseconds.  Sleeping
+# workers cost microseconds per launch instead.  Only a default: the user's setting wins,
+# and it matters only if set before the OpenMP runtime is loaded (our first parallel call).
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from . import errors, rng  # noqa: E402
 from .errors import (
     CapacityError,
     DomainError,
