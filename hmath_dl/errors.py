@@ -29,7 +29,13 @@ class DomainError(MathError, ValueError):
 
 
 class NonFiniteError(MathError, ValueError):
-    """A NaN or an infinity in an input."""
+    """A NaN or an infinity in an input.
+
+    Raised when input data (an array-like such as ``x``, weights, gradients, a cotangent,
+    or a loss value) holds NaN or ±inf.  A non-finite *result* of finite inputs is
+    :class:`NumericOverflow` instead, and a non-finite scalar hyper-parameter
+    (``epsilon``, ``lr`` ...) is a :class:`DomainError`.  Also a ``ValueError``.
+    """
 
 
 class NumericOverflow(MathError, ArithmeticError):

@@ -110,7 +110,28 @@ def _zeros_like(fname, params):
 
 # --------------------------------------------------------------------------- SGD
 def sgd_init(params) -> SGDState:
-    """Zero momentum buffers shaped like ``params`` (a list of array-likes), 0 steps."""
+    """Initial SGD state: momentum buffers ``b = 0`` shaped like ``params``, ``steps = 0``.
+
+    Parameters
+    ----------
+    params : list or tuple of array_like
+        The (float64 master) parameters; each entry is converted to float64.  A bare
+        ndarray is not accepted (wrap it in a list).
+
+    Returns
+    -------
+    SGDState
+        One zero, read-only float64 buffer per parameter (same shapes), ``steps = 0``.
+
+    Raises
+    ------
+    TypeError
+        ``params`` is not a list or tuple, or an entry is not numeric.
+    NonFiniteError
+        An entry holds NaN or ±inf.
+    ShapeError
+        A buffer is too large to allocate.
+    """
     fname = "sgd_init"
     ps = _array_list(fname, "params", params)
     return SGDState(_zeros_like(fname, ps), 0)
@@ -173,7 +194,29 @@ def sgd_step(state, params, grads, lr, momentum=0.9, weight_decay=0.0):
 
 # --------------------------------------------------------------------------- AdamW
 def adamw_init(params) -> AdamWState:
-    """Zero first and second moments shaped like ``params``, 0 steps."""
+    """Initial AdamW state: moments ``m = v = 0`` shaped like ``params``, ``steps = 0``.
+
+    Parameters
+    ----------
+    params : list or tuple of array_like
+        The (float64 master) parameters; each entry is converted to float64.  A bare
+        ndarray is not accepted (wrap it in a list).
+
+    Returns
+    -------
+    AdamWState
+        Zero, read-only float64 first and second moments per parameter (same shapes),
+        ``steps = 0``.
+
+    Raises
+    ------
+    TypeError
+        ``params`` is not a list or tuple, or an entry is not numeric.
+    NonFiniteError
+        An entry holds NaN or ±inf.
+    ShapeError
+        A moment array is too large to allocate.
+    """
     fname = "adamw_init"
     ps = _array_list(fname, "params", params)
     return AdamWState(_zeros_like(fname, ps), _zeros_like(fname, ps), 0)

@@ -186,6 +186,24 @@ def constant(x) -> ADTensor:
 
     Same conversion rules as :func:`variable`; ``constant(adtensor)`` stops the gradient
     flowing through ``adtensor``.
+
+    Parameters
+    ----------
+    x : array_like or ADTensor
+        Converted to float64 and copied (later changes to ``x`` do not affect the node).
+        An ADTensor gives a new leaf holding its (read-only) value, cut off from its graph.
+
+    Returns
+    -------
+    ADTensor
+        ``value`` equals ``x``; :func:`gradients` cannot be taken with respect to it.
+
+    Raises
+    ------
+    NonFiniteError
+        ``x`` holds NaN or ±inf.
+    TypeError
+        ``x`` is not numeric.
     """
     return _leaf("constant", x, False)
 

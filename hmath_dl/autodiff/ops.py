@@ -187,32 +187,105 @@ def _unary(op, fname, x, fn, what):
 
 
 def exp(x):
-    """Elementwise ``exp(x)``; ``d/dx = exp(x)``.
+    """Elementwise ``y = exp(x)``; ``d/dx = exp(x)``.
 
-    Raises NumericOverflow when ``exp(x)`` overflows (x > ~709.78).
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``.
+
+    Raises
+    ------
+    NumericOverflow
+        ``exp(x)`` overflows (``x > ~709.78``).
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    TypeError
+        ``x`` is None, a string or not numeric.
     """
     return _unary("exp", "exp", x, np.exp, "exp overflowed")
 
 
 def log(x):
-    """Elementwise natural logarithm; ``d/dx = 1/x``.
+    """Elementwise natural logarithm ``y = log(x)``; ``d/dx = 1/x``.
 
-    Raises NumericOverflow for ``x <= 0`` (``log(0) = -inf``, ``log(-1) = NaN``).
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+        Every entry must be ``> 0``.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``.
+
+    Raises
+    ------
+    NumericOverflow
+        Some ``x <= 0`` (``log(0) = -inf``, ``log(-1) = NaN``).
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    TypeError
+        ``x`` is None, a string or not numeric.
     """
     return _unary("log", "log", x, np.log, "log of a value <= 0")
 
 
 def sqrt(x):
-    """Elementwise ``sqrt(x)``; ``d/dx = 1 / (2 sqrt(x))``.
+    """Elementwise ``y = sqrt(x)``; ``d/dx = 1 / (2 sqrt(x))``.
 
-    Raises NumericOverflow for ``x < 0``.  At ``x = 0`` the value is 0 and the
-    gradient is infinite, so :func:`gradients` raises NumericOverflow if it is used.
+    At ``x = 0`` the value is 0 and the gradient is infinite, so :func:`gradients` raises
+    NumericOverflow if it is used.
+
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+        Every entry must be ``>= 0``.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``.
+
+    Raises
+    ------
+    NumericOverflow
+        Some ``x < 0``.
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    TypeError
+        ``x`` is None, a string or not numeric.
     """
     return _unary("sqrt", "sqrt", x, np.sqrt, "sqrt of a negative value")
 
 
 def tanh(x):
-    """Elementwise ``tanh(x)``; ``d/dx = 1 - tanh(x)**2``."""
+    """Elementwise ``y = tanh(x)``; ``d/dx = 1 - tanh(x)**2``.
+
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``, entries in ``[-1, 1]``.
+
+    Raises
+    ------
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    TypeError
+        ``x`` is None, a string or not numeric.
+    """
     return _unary("tanh", "tanh", x, np.tanh, "tanh")
 
 
@@ -235,11 +308,33 @@ def _vjp_tanh(g, node, needs):
 
 
 def activate(activation, x):
-    """Differentiable :func:`hmath_dl.activations.activate`.
+    """Differentiable :func:`hmath_dl.activations.activate`: ``y = f(x)``, ``dx = g * f'(x)``.
 
     The forward value is exactly ``hmath_dl.activations.activate(activation, x.value)``;
-    the gradient is ``g * f'(x)`` with ``f'`` from the activations kernel (at the kinks
-    ``x = 0`` of RELU / LEAKY_RELU / ELU the left derivative: 0, 0.01 and 1).
+    ``f'`` comes from the activations kernel (at the kinks ``x = 0`` of RELU / LEAKY_RELU /
+    ELU the left derivative: 0, 0.01 and 1).
+
+    Parameters
+    ----------
+    activation : Activation
+        The function ``f``.
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``.
+
+    Raises
+    ------
+    TypeError
+        ``activation`` is not an :class:`~hmath_dl.activations.Activation`; ``x`` is None,
+        a string or not numeric.
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    NumericOverflow
+        A result is not finite (the plain activation's checked-arithmetic guarantee).
     """
     from ..activations import Activation, activate as plain_activate
     fname = "activate"
@@ -275,10 +370,33 @@ def _keep_shape(shape, axes):
 
 
 def sum(x, axis=None, keepdims=False):
-    """``numpy.sum(x, axis, keepdims=keepdims)``; the gradient broadcasts ``g`` back.
+    """``y = numpy.sum(x, axis, keepdims=keepdims)``; the gradient broadcasts ``g`` back.
 
-    ``axis``: None (all axes), an int or a tuple of ints in ``[-ndim, ndim)``
-    (DomainError otherwise, also for repeated axes).
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+    axis : None, int or tuple of int, optional
+        None (the default) reduces all axes; otherwise axes in ``[-ndim, ndim)``, no repeats.
+    keepdims : bool, optional
+        Keep the reduced axes with length 1 (default False).
+
+    Returns
+    -------
+    ADTensor
+        The shape ``numpy.sum`` gives (0-d for ``axis=None`` without ``keepdims``).
+
+    Raises
+    ------
+    DomainError
+        An axis outside ``[-ndim, ndim)``, or repeated axes.
+    TypeError
+        ``axis`` entries not ints, ``keepdims`` not a bool; ``x`` None, a string or not
+        numeric.
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    NumericOverflow
+        The sum overflows.
     """
     fname = "sum"
     x = _ad(fname, "x", x)
@@ -291,10 +409,35 @@ def sum(x, axis=None, keepdims=False):
 
 
 def mean(x, axis=None, keepdims=False):
-    """``numpy.mean(x, axis, keepdims=keepdims)``: the sum divided by the number ``n``
-    of reduced elements; the gradient is ``g / n`` broadcast back.
+    """``y = sum(x, axis, keepdims) / n`` (``numpy.mean``), ``n`` the number of reduced elements.
 
-    A mean over zero elements (an empty axis) is undefined: NumericOverflow.
+    The gradient is ``g / n`` broadcast back.
+
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+    axis : None, int or tuple of int, optional
+        As for :func:`sum`: None (all axes) or axes in ``[-ndim, ndim)``, no repeats.
+    keepdims : bool, optional
+        Keep the reduced axes with length 1 (default False).
+
+    Returns
+    -------
+    ADTensor
+        The shape ``numpy.mean`` gives (0-d for ``axis=None`` without ``keepdims``).
+
+    Raises
+    ------
+    NumericOverflow
+        A mean over zero elements (an empty axis), which is undefined; or the sum overflows.
+    DomainError
+        An axis outside ``[-ndim, ndim)``, or repeated axes.
+    TypeError
+        ``axis`` entries not ints, ``keepdims`` not a bool; ``x`` None, a string or not
+        numeric.
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
     """
     fname = "mean"
     x = _ad(fname, "x", x)
@@ -326,7 +469,31 @@ def _vjp_mean(g, node, needs):
 
 # =========================================================================== shapes
 def reshape(x, shape):
-    """``numpy.reshape(x, shape)`` (one entry may be -1); ShapeError if the sizes differ."""
+    """``y = numpy.reshape(x, shape)``; the gradient is ``g`` reshaped back to ``x.shape``.
+
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+    shape : int or sequence of int
+        The new shape; entries ``>= -1``, one of them may be -1 (inferred).
+
+    Returns
+    -------
+    ADTensor
+        Shape ``shape``, values of ``x`` in row-major order.
+
+    Raises
+    ------
+    ShapeError
+        The sizes differ (or more than one -1).
+    DomainError
+        An entry below -1.
+    TypeError
+        ``shape`` not an int or a sequence of ints; ``x`` None, a string or not numeric.
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    """
     fname = "reshape"
     x = _ad(fname, "x", x)
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
@@ -340,8 +507,30 @@ def reshape(x, shape):
 
 
 def transpose(x, axes=None):
-    """``numpy.transpose(x, axes)``; ``axes`` None reverses the axes, otherwise it must be
-    a permutation of ``range(ndim)`` (negative entries allowed; DomainError otherwise)."""
+    """``y = numpy.transpose(x, axes)``; the gradient is ``g`` transposed back.
+
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+    axes : sequence of int, optional
+        None (the default) reverses the axes; otherwise a permutation of ``range(ndim)``
+        (negative entries allowed).
+
+    Returns
+    -------
+    ADTensor
+        ``y.shape[i] == x.shape[axes[i]]``.
+
+    Raises
+    ------
+    DomainError
+        ``axes`` has the wrong length, an entry out of range, or is not a permutation.
+    TypeError
+        ``axes`` not a sequence of ints; ``x`` None, a string or not numeric.
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    """
     fname = "transpose"
     x = _ad(fname, "x", x)
     if axes is None:
@@ -374,9 +563,36 @@ def _log_softmax_values(v, axis):
 
 
 def softmax(x, axis=-1):
-    """``exp(x - max) / sum(exp(x - max))`` along ``axis``.
+    """``y = exp(x - max) / sum(exp(x - max))`` along ``axis``.
 
     Gradient: ``y * (g - sum(g * y, axis))``.
+
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+        At least 1 axis.
+    axis : int, optional
+        In ``[-ndim, ndim)``; default -1.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``; each slice along ``axis`` sums to 1 (an empty ``x`` gives an
+        empty result).
+
+    Raises
+    ------
+    ShapeError
+        ``x`` is 0-d.
+    DomainError
+        ``axis`` outside ``[-ndim, ndim)``.
+    TypeError
+        ``axis`` not an int; ``x`` None, a string or not numeric.
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    NumericOverflow
+        A result is not finite (checked arithmetic).
     """
     fname = "softmax"
     x = _ad(fname, "x", x)
@@ -392,9 +608,35 @@ def softmax(x, axis=-1):
 
 
 def log_softmax(x, axis=-1):
-    """``(x - max) - log(sum(exp(x - max)))`` along ``axis``.
+    """``y = (x - max) - log(sum(exp(x - max)))`` along ``axis``.
 
     Gradient: ``g - exp(y) * sum(g, axis)``.
+
+    Parameters
+    ----------
+    x : ADTensor or array_like
+        A non-ADTensor is converted to a :func:`constant` (no gradient).
+        At least 1 axis.
+    axis : int, optional
+        In ``[-ndim, ndim)``; default -1.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x`` (an empty ``x`` gives an empty result).
+
+    Raises
+    ------
+    ShapeError
+        ``x`` is 0-d.
+    DomainError
+        ``axis`` outside ``[-ndim, ndim)``.
+    TypeError
+        ``axis`` not an int; ``x`` None, a string or not numeric.
+    NonFiniteError
+        A non-ADTensor ``x`` holds NaN or ±inf.
+    NumericOverflow
+        A result is not finite (checked arithmetic).
     """
     fname = "log_softmax"
     x = _ad(fname, "x", x)
@@ -470,11 +712,33 @@ def _vjp_cross_entropy(g, node, needs):
 
 
 def mse(prediction, target):
-    """Mean squared error ``mean((prediction - target)**2)`` over all elements.
+    """Mean squared error ``y = mean((prediction - target)**2)`` over all elements.
 
-    ``target`` is an ADTensor or an array-like (a constant) of the same shape as
-    ``prediction`` (ShapeError otherwise, also when empty).  Gradients:
-    ``2 g (prediction - target) / n`` and its negative for the target.
+    Gradients: ``2 g (prediction - target) / n`` for ``prediction`` and its negative for
+    ``target`` (``n`` the number of elements).
+
+    Parameters
+    ----------
+    prediction : ADTensor or array_like
+        Non-empty.  A non-ADTensor is a :func:`constant`.
+    target : ADTensor or array_like
+        Same shape as ``prediction``; an array-like is a constant.
+
+    Returns
+    -------
+    ADTensor
+        0-d.
+
+    Raises
+    ------
+    ShapeError
+        The shapes differ, or ``prediction`` is empty.
+    NumericOverflow
+        The squared error overflows.
+    NonFiniteError
+        A non-ADTensor argument holds NaN or ±inf.
+    TypeError
+        An argument is None, a string or not numeric.
     """
     fname = "mse"
     p = _ad(fname, "prediction", prediction)

@@ -73,13 +73,23 @@ def dense_ad(x, w, bias):
     Parameters
     ----------
     x : ADTensor ``[B, in]`` (or ``[..., B, in]``, as the plain layer)
+        A non-ADTensor argument is a constant (no gradient); so for ``w`` and ``bias``.
     w : ADTensor ``[out, in]``
     bias : ADTensor of length ``out``, or None
 
     Returns
     -------
-    ADTensor ``x.shape[:-1] + (out,)``; gradients ``dx = g @ w``, ``dw = g^T x`` (over all
-    leading axes), ``dbias = sum of g over all leading axes``.
+    ADTensor ``x.shape[:-1] + (out,)``
+        Gradients ``dx = g @ w``, ``dw = g^T x`` (over all leading axes),
+        ``dbias = sum of g over all leading axes``.
+
+    Raises
+    ------
+    ShapeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.dense` (shapes that do not fit, NaN/inf in a
+        non-ADTensor argument, a non-finite result); the message starts with ``dense_ad:``.
+    TypeError
+        ``x`` or ``w`` None, a string or not numeric.
     """
     from .dense import dense
     fname = "dense_ad"
@@ -114,12 +124,36 @@ def _conv_geometry(options, r):
 
 
 def convolution_ad(options, x, w, bias):
-    """Differentiable :func:`~hmath_dl.layers.convolution` (1-3 spatial axes, groups,
-    stride, padding, dilation).
+    """Differentiable :func:`~hmath_dl.layers.convolution` (cross-correlation):
+    ``y[n, co, o] = bias[co] + sum_{ci, k} w[co, ci, k] x[n, ci, o s - p + k d]``.
+
+    1-3 spatial axes, groups (``ci`` runs over the group of ``co``), stride ``s``, zero
+    padding ``p``, dilation ``d``; the forward numbers are those of the plain layer.
 
     Gradients: w.r.t. the input, the transposed convolution of ``g`` with ``w``; w.r.t.
     the weights, the correlation ``dw[co, ci, k] = sum_{n, o} g[n, co, o] x[n, ci, o s - p
     + k d]``; w.r.t. the bias, ``g`` summed over batch and spatial axes.
+
+    Parameters
+    ----------
+    options : ConvOptions
+        Stride, padding, dilation (one int per spatial axis) and groups.
+    x : ADTensor or array_like, ``[N, Cin, *S]``
+        A non-ADTensor argument is a constant (no gradient); so for ``w`` and ``bias``.
+    w : ADTensor or array_like, ``[Cout, Cin/groups, *K]``
+    bias : ADTensor or array_like of length ``Cout``, or None
+
+    Returns
+    -------
+    ADTensor ``[N, Cout, *O]``
+        ``O = floor((S + 2p - d(K-1) - 1)/s) + 1`` per axis.
+
+    Raises
+    ------
+    TypeError, ShapeError, DomainError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.convolution` (bad options, shapes or groups, NaN/inf
+        in a non-ADTensor argument, a non-finite result); the message starts with
+        ``convolution_ad:``.  ``x`` or ``w`` None or a string: TypeError.
     """
     from .convolution import convolution
     fname = "convolution_ad"
@@ -196,12 +230,34 @@ def _vjp_convolution(g, node, needs):
 
 
 def transposed_convolution_ad(output_padding, options, x, w, bias):
-    """Differentiable :func:`~hmath_dl.layers.transposed_convolution`
-    (``w [Cin, Cout/groups, *K]``).
+    """Differentiable :func:`~hmath_dl.layers.transposed_convolution`, the adjoint of
+    convolution: ``y[n, co, i s - p + k d] += x[n, ci, i] w[ci, co, k]``, plus ``bias[co]``.
 
     Gradients: w.r.t. the input, the forward convolution of ``g`` with ``w``; w.r.t. the
     weights, ``dw[ci, co, k] = sum_{n, i} x[n, ci, i] g[n, co, i s - p + k d]``; w.r.t.
     the bias, ``g`` summed over batch and spatial axes.
+
+    Parameters
+    ----------
+    output_padding : int or tuple of int
+        Extra size at the end of each spatial axis, ``0 <= output_padding < stride``.
+    options : ConvOptions
+        Stride, padding, dilation (one int per spatial axis) and groups.
+    x : ADTensor or array_like, ``[N, Cin, *S]``
+        A non-ADTensor argument is a constant (no gradient); so for ``w`` and ``bias``.
+    w : ADTensor or array_like, ``[Cin, Cout/groups, *K]``
+    bias : ADTensor or array_like of length ``Cout``, or None
+
+    Returns
+    -------
+    ADTensor ``[N, Cout, *O]``
+        ``O = (S-1)s - 2p + d(K-1) + output_padding + 1`` per axis.
+
+    Raises
+    ------
+    TypeError, ShapeError, DomainError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.transposed_convolution`; the message starts with
+        ``transposed_convolution_ad:``.  ``x`` or ``w`` None or a string: TypeError.
     """
     from .convolution import transposed_convolution
     fname = "transposed_convolution_ad"
@@ -235,11 +291,33 @@ def _vjp_transposed_convolution(g, node, needs):
 
 # =========================================================================== pooling
 def pooling_ad(mode, window, stride, padding, x):
-    """Differentiable :func:`~hmath_dl.layers.pooling` (MAX and AVERAGE).
+    """Differentiable :func:`~hmath_dl.layers.pooling`: ``y[n, c, o]`` = max or mean of the
+    non-padded ``x[n, c, o s - p + k]``, ``0 <= k < window``.
 
     MAX sends each output's gradient to the first maximal position of its window (window
     order; padding never wins); AVERAGE spreads it evenly over the window's non-padded
     positions.
+
+    Parameters
+    ----------
+    mode : PoolMode
+        ``MAX`` or ``AVERAGE``.
+    window, stride, padding : int or tuple of int
+        One per spatial axis (an int applies to every axis): ``k >= 1``, ``s >= 1``,
+        ``p >= 0``.
+    x : ADTensor or array_like, ``[N, C, *S]`` (1-3 spatial axes)
+        A non-ADTensor is a constant.
+
+    Returns
+    -------
+    ADTensor ``[N, C, *O]``
+        ``O = floor((S + 2p - k)/s) + 1`` per axis.
+
+    Raises
+    ------
+    TypeError, ShapeError, DomainError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.pooling` (including a window made only of padding:
+        DomainError); the message starts with ``pooling_ad:``.
     """
     from .pooling import PoolMode, pooling
     fname = "pooling_ad"
@@ -267,10 +345,33 @@ def _vjp_pooling(g, node, needs):
 
 # =========================================================================== norms
 def layer_norm_ad(axes, epsilon, x):
-    """Differentiable :func:`~hmath_dl.layers.layer_norm` over the last ``axes`` axes.
+    """Differentiable :func:`~hmath_dl.layers.layer_norm`: ``y = (x - mean) / sqrt(var + epsilon)``
+    over the last ``axes`` axes (population variance), per index of the leading axes.
 
     With ``r = 1/sqrt(var + epsilon)`` per row and ``y`` the output:
     ``dx = r (g - mean(g) - y mean(g y))`` (means over the normalised axes).
+
+    Parameters
+    ----------
+    axes : int
+        ``1 <= axes <= x.ndim``.
+    epsilon : float
+        Finite, ``> 0``.
+    x : ADTensor or array_like
+        A non-ADTensor is a constant.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``.
+
+    Raises
+    ------
+    DomainError
+        ``axes`` or ``epsilon`` out of range.
+    TypeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.layer_norm`; the message starts with
+        ``layer_norm_ad:``.
     """
     from .normalization import layer_norm
     fname = "layer_norm_ad"
@@ -281,10 +382,32 @@ def layer_norm_ad(axes, epsilon, x):
 
 
 def rms_norm_ad(axes, epsilon, x):
-    """Differentiable :func:`~hmath_dl.layers.rms_norm` over the last ``axes`` axes.
+    """Differentiable :func:`~hmath_dl.layers.rms_norm`: ``y = x / sqrt(mean(x^2) + epsilon)``
+    over the last ``axes`` axes, per index of the leading axes.
 
     With ``r = 1/sqrt(mean(x^2) + epsilon)`` and ``y`` the output:
     ``dx = r (g - y mean(g y))``.
+
+    Parameters
+    ----------
+    axes : int
+        ``1 <= axes <= x.ndim``.
+    epsilon : float
+        Finite, ``> 0``.
+    x : ADTensor or array_like
+        A non-ADTensor is a constant.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``.
+
+    Raises
+    ------
+    DomainError
+        ``axes`` or ``epsilon`` out of range.
+    TypeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.rms_norm`; the message starts with ``rms_norm_ad:``.
     """
     from .normalization import rms_norm
     fname = "rms_norm_ad"
@@ -310,13 +433,38 @@ def _vjp_layer_norm(g, node, needs):
 
 
 def batch_norm_ad(mode, momentum, epsilon, gamma, beta, state, x):
-    """Differentiable :func:`~hmath_dl.layers.batch_norm`; returns ``(y, state)`` with
-    ``y`` an ADTensor and ``state`` the plain layer's new :class:`BatchNormState`.
+    """Differentiable :func:`~hmath_dl.layers.batch_norm`:
+    ``y = gamma * (x - mean) / sqrt(var + epsilon) + beta`` per channel.
 
     TRAINING (batch statistics, ``m = N * prod(spatial)`` values per channel,
     ``xh = (x - mean) r``, ``r = 1/sqrt(var + epsilon)``): ``dbeta = sum g``,
     ``dgamma = sum g xh``, ``dx = gamma r (g - dbeta/m - xh dgamma/m)``.
     INFERENCE (running statistics are constants): ``dx = gamma r g``.
+
+    Parameters
+    ----------
+    mode : Mode
+        TRAINING (batch statistics, state updated) or INFERENCE (running statistics).
+    momentum : float
+        In ``[0, 1]``; weight of the batch statistic in the running update.
+    epsilon : float
+        Finite, ``> 0``.
+    gamma, beta : ADTensor or array_like of length ``C``
+        Scale and shift; a non-ADTensor is a constant.
+    state : BatchNormState
+        Running mean and variance (length ``C``).
+    x : ADTensor or array_like, ``[N, C]`` or ``[N, C, *spatial]``
+
+    Returns
+    -------
+    (ADTensor, BatchNormState)
+        ``y`` (same shape as ``x``) and the plain layer's new state (unchanged in INFERENCE).
+
+    Raises
+    ------
+    TypeError, DomainError, ShapeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.batch_norm`; the message starts with
+        ``batch_norm_ad:``.  ``gamma``, ``beta`` or ``x`` None or a string: TypeError.
     """
     from .dropout import Mode
     from .normalization import batch_norm
@@ -349,10 +497,30 @@ def _vjp_batch_norm(g, node, needs):
 
 # =========================================================================== embedding
 def embedding_ad(weights, indices):
-    """Differentiable :func:`~hmath_dl.layers.embedding` (gradient w.r.t. the table).
+    """Differentiable :func:`~hmath_dl.layers.embedding`: ``y[i] = weights[indices[i]]``
+    (gradient w.r.t. the table).
 
     ``dweights[v] = sum of g[i] over the positions i (row-major) with indices[i] == v``,
     summed in increasing position order, rows in parallel.
+
+    Parameters
+    ----------
+    weights : ADTensor or array_like, ``[V, F]``
+        A non-ADTensor is a constant.
+    indices : int array_like, any shape
+        Entries in ``[0, V)``; not differentiated.
+
+    Returns
+    -------
+    ADTensor ``indices.shape + (F,)``
+
+    Raises
+    ------
+    IndexOutOfRange
+        An index outside ``[0, V)`` (negatives too).
+    ShapeError, NonFiniteError, TypeError, DomainError
+        As for :func:`~hmath_dl.layers.embedding` (float or bool indices: TypeError); the
+        message starts with ``embedding_ad:``.
     """
     from .embedding import embedding
     fname = "embedding_ad"
@@ -376,9 +544,33 @@ def _vjp_embedding(g, node, needs):
 
 # =========================================================================== dropout
 def dropout_ad(mode, p, rng, x):
-    """Differentiable :func:`~hmath_dl.layers.dropout`: returns ``(y, mask, rng)`` with
-    ``y = x * mask`` an ADTensor (gradient ``g * mask``), the mask and the advanced RNG
-    exactly as the plain layer returns them."""
+    """Differentiable :func:`~hmath_dl.layers.dropout`: ``y = x * mask``, gradient ``g * mask``.
+
+    The mask and the advanced RNG are exactly those the plain layer returns.
+
+    Parameters
+    ----------
+    mode : Mode
+        TRAINING (random mask) or INFERENCE (identity).
+    p : float
+        Drop probability, ``0 <= p <= 1``.
+    rng : RNG
+    x : ADTensor or array_like
+        Any shape; a non-ADTensor is a constant.
+
+    Returns
+    -------
+    (ADTensor, ndarray, RNG)
+        ``y`` (shape of ``x``); ``mask`` (entries ``0`` or ``1/(1-p)`` in TRAINING, all ones
+        in INFERENCE); the advanced RNG (unchanged in INFERENCE).
+
+    Raises
+    ------
+    DomainError, TypeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.dropout` (``p`` outside ``[0, 1]``, ``mode`` not a
+        Mode, ``rng`` not an RNG, ``x / (1 - p)`` overflowing); the message starts with
+        ``dropout_ad:``.
+    """
     from .dropout import dropout
     fname = "dropout_ad"
     x = _ad(fname, "x", x)
@@ -393,12 +585,34 @@ def _vjp_dropout(g, node, needs):
 
 # =========================================================================== attention
 def scaled_dot_product_attention_ad(q, k, v, mask=None):
-    """Differentiable :func:`~hmath_dl.layers.scaled_dot_product_attention` (no bias);
-    returns the output ADTensor ``[..., N, F]``.
+    """Differentiable :func:`~hmath_dl.layers.scaled_dot_product_attention` (no bias):
+    ``out = softmax(q k^T / sqrt(D)) v``, softmax over the allowed keys.
 
     With ``P`` the attention weights, ``dv = P^T g``, ``dS = P (g v^T - rowsum(P g v^T))``,
     ``dq = dS k / sqrt(D)``, ``dk = dS^T q / sqrt(D)``.  Masked keys have ``P = 0``; a fully
     masked row is a constant zero and back-propagates exact zeros.
+
+    Parameters
+    ----------
+    q : ADTensor or array_like, ``[..., N, D]``
+        A non-ADTensor argument is a constant; so for ``k`` and ``v``.
+    k : ADTensor or array_like, ``[..., M, D]``
+    v : ADTensor or array_like, ``[..., M, F]``
+        Leading axes must match those of ``q`` and ``k``.
+    mask : bool array_like ``[N, M]`` or ``[..., N, M]``, optional
+        True = allowed; not differentiated.  None allows every key.
+
+    Returns
+    -------
+    ADTensor ``[..., N, F]``
+        The output only (the weights are not returned).
+
+    Raises
+    ------
+    ShapeError, NonFiniteError, NumericOverflow, TypeError, DomainError
+        As for :func:`~hmath_dl.layers.scaled_dot_product_attention` (shapes that do not
+        fit, a non-boolean mask, an overflowing score); the message starts with
+        ``scaled_dot_product_attention_ad:``.
     """
     from .attention import scaled_dot_product_attention
     fname = "scaled_dot_product_attention_ad"
@@ -411,7 +625,8 @@ def scaled_dot_product_attention_ad(q, k, v, mask=None):
 
 
 def multihead_attention_ad(heads, q, k, v, mask=None):
-    """Differentiable :func:`~hmath_dl.layers.multihead_attention` (no projections).
+    """Differentiable :func:`~hmath_dl.layers.multihead_attention` (no projections):
+    head ``i`` computes ``softmax(q_i k_i^T / sqrt(D/h)) v_i``.
 
     Head ``i`` attends with feature columns ``[i D/h, (i+1) D/h)`` of ``q``/``k`` and
     ``[i F/h, (i+1) F/h)`` of ``v``; outputs concatenated in head order.  Gradients as in
@@ -421,6 +636,29 @@ def multihead_attention_ad(heads, q, k, v, mask=None):
     arrays (so the numbers are those of ``multihead_attention``) and keeps the per-head
     weights for the backward pass; any invalid argument is handed to the plain layer,
     which raises its error.
+
+    Parameters
+    ----------
+    heads : int
+        ``h >= 1``, dividing both ``D`` and ``F``.
+    q : ADTensor or array_like, ``[..., N, D]``
+        A non-ADTensor argument is a constant; so for ``k`` and ``v``.
+    k : ADTensor or array_like, ``[..., M, D]``
+    v : ADTensor or array_like, ``[..., M, F]``
+    mask : bool array_like ``[N, M]`` or ``[..., N, M]``, optional
+        True = allowed, shared by all heads; not differentiated.
+
+    Returns
+    -------
+    ADTensor ``[..., N, F]``
+
+    Raises
+    ------
+    DomainError
+        ``heads < 1``, or ``heads`` does not divide ``D`` or ``F``.
+    ShapeError, NonFiniteError, NumericOverflow, TypeError
+        As for :func:`~hmath_dl.layers.multihead_attention`; the message starts with
+        ``multihead_attention_ad:``.
     """
     from .attention import multihead_attention
     fname = "multihead_attention_ad"

@@ -290,23 +290,74 @@ def dequantize(q) -> np.ndarray:
 
 
 def quantized_values(q) -> np.ndarray:
-    """The int8 values of ``q`` (shape ``q.shape``, row-major, read-only).
+    """The int8 values ``v`` of ``q``, with ``x ≈ scale * (v - zero_point)`` per slice.
 
-    Symmetric values lie in ``[-127, 127]``, asymmetric ones in ``[-128, 127]``;
-    ``x ≈ scale * (value - zero_point)``.
+    Symmetric values lie in ``[-127, 127]``, asymmetric ones in ``[-128, 127]``.
+
+    Parameters
+    ----------
+    q : QuantizedTensor
+        A result of :func:`quantize`.
+
+    Returns
+    -------
+    ndarray of int8, shape ``q.shape``
+        Row-major (C-contiguous) and read-only: the array stored in ``q`` itself, not a copy.
+
+    Raises
+    ------
+    TypeError
+        ``q`` is not a QuantizedTensor.
     """
     return _qtensor("quantized_values", "q", q)._values
 
 
 def quantization_scales(q) -> np.ndarray:
-    """The positive float64 scales of ``q``: one per slice along ``q.axis``, or a single
-    one (length 1) for per-tensor quantization (read-only)."""
+    """The float64 scales of ``q``: ``amax / 127`` (SYMMETRIC) or ``(hi - lo) / 255`` (ASYMMETRIC).
+
+    One scale per slice along ``q.axis``, or a single one (length 1) for per-tensor
+    quantization; ``1.0`` for an all-zero slice.  Every scale is positive, finite and normal
+    (``>= 2.2250738585072014e-308``).
+
+    Parameters
+    ----------
+    q : QuantizedTensor
+        A result of :func:`quantize`.
+
+    Returns
+    -------
+    ndarray of float64, shape ``(q.shape[q.axis],)`` or ``(1,)`` when ``q.axis`` is None
+        Read-only: the array stored in ``q`` itself, not a copy.
+
+    Raises
+    ------
+    TypeError
+        ``q`` is not a QuantizedTensor.
+    """
     return _qtensor("quantization_scales", "q", q)._scales
 
 
 def quantization_zero_points(q) -> np.ndarray:
-    """The int64 zero points of ``q`` (same length as the scales; all 0 for SYMMETRIC;
-    read-only)."""
+    """The int64 zero points of ``q``: ``0`` (SYMMETRIC) or ``clip(rne(-128 - lo / scale), -128, 127)``.
+
+    Same length as the scales (one per slice along ``q.axis``, or 1); all 0 for SYMMETRIC,
+    in ``[-128, 127]`` for ASYMMETRIC.
+
+    Parameters
+    ----------
+    q : QuantizedTensor
+        A result of :func:`quantize`.
+
+    Returns
+    -------
+    ndarray of int64, same shape as :func:`quantization_scales` ``(q)``
+        Read-only: the array stored in ``q`` itself, not a copy.
+
+    Raises
+    ------
+    TypeError
+        ``q`` is not a QuantizedTensor.
+    """
     return _qtensor("quantization_zero_points", "q", q)._zero_points
 
 
