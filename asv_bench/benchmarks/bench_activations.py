@@ -76,7 +76,7 @@ class TorchActivations:
 
 
 class Dropout:
-    params = SHAPES
+    params = [SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):
@@ -89,7 +89,7 @@ class Dropout:
 
 
 class NumpyDropout:
-    params = SHAPES
+    params = [SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):
@@ -102,7 +102,7 @@ class NumpyDropout:
 
 
 class TorchDropout:
-    params = SHAPES
+    params = [SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):

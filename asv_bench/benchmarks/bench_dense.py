@@ -14,7 +14,7 @@ SIZES = [(128, 512), (512, 1024)]  # (batch, features): x [B, F], w [F, F]
 
 
 class Dense:
-    params = SIZES
+    params = [SIZES]
     param_names = ["batch_features"]
 
     def setup(self, bf):
@@ -27,7 +27,7 @@ class Dense:
 
 
 class NumpyDense:
-    params = SIZES
+    params = [SIZES]
     param_names = ["batch_features"]
 
     def setup(self, bf):
@@ -39,7 +39,7 @@ class NumpyDense:
 
 
 class TorchDense:
-    params = SIZES
+    params = [SIZES]
     param_names = ["batch_features"]
 
     def setup(self, bf):
@@ -53,7 +53,7 @@ class TorchDense:
 
 
 class Embedding:
-    params = [(1000, 64), (50000, 512)]
+    params = [[(1000, 64), (50000, 512)]]
     param_names = ["vocab_features"]
 
     def setup(self, vf):

@@ -19,7 +19,7 @@ IMAGE_SHAPES = [(16, 64, 28, 28), (16, 64, 56, 56)]
 
 
 class RowNorms:
-    params = ROW_SHAPES
+    params = [ROW_SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):
@@ -35,7 +35,7 @@ class RowNorms:
 
 
 class NumpyRowNorms:
-    params = ROW_SHAPES
+    params = [ROW_SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):
@@ -51,7 +51,7 @@ class NumpyRowNorms:
 
 
 class TorchRowNorms:
-    params = ROW_SHAPES
+    params = [ROW_SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):
@@ -67,7 +67,7 @@ class TorchRowNorms:
 
 
 class ImageNorms:
-    params = IMAGE_SHAPES
+    params = [IMAGE_SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):
@@ -94,7 +94,7 @@ class ImageNorms:
 
 
 class NumpyImageNorms:
-    params = IMAGE_SHAPES
+    params = [IMAGE_SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):
@@ -114,7 +114,7 @@ class NumpyImageNorms:
 
 
 class TorchImageNorms:
-    params = IMAGE_SHAPES
+    params = [IMAGE_SHAPES]
     param_names = ["shape"]
 
     def setup(self, shape):
