@@ -21,15 +21,6 @@ from .errors import NumericOverflow
 __all__ = ["as_gradient_list", "gradient_norm", "clip_gradients"]
 
 
-def tensor_keep_0d(fname: str, name: str, x, **kwargs) -> np.ndarray:
-    """``_checks.tensor`` that keeps a 0-d input 0-d (``numpy.ascontiguousarray`` turns
-    scalars into shape ``(1,)``; results must have the input's shape)."""
-    arr = _checks.tensor(fname, name, x, **kwargs)
-    if arr.shape == (1,) and np.ndim(x) == 0:
-        arr = arr.reshape(())
-    return arr
-
-
 def as_gradient_list(fname: str, grads, *, finite: bool = True) -> Tuple[List[np.ndarray], bool]:
     """Normalise a ``grads`` argument.
 
@@ -39,9 +30,9 @@ def as_gradient_list(fname: str, grads, *, finite: bool = True) -> Tuple[List[np
     TypeError; with ``finite=True`` a NaN/inf raises NonFiniteError naming ``grads[i]``.
     """
     if isinstance(grads, (list, tuple)):
-        return [tensor_keep_0d(fname, f"grads[{i}]", g, finite=finite)
+        return [_checks.tensor(fname, f"grads[{i}]", g, finite=finite)
                 for i, g in enumerate(grads)], False
-    return [tensor_keep_0d(fname, "grads", grads, finite=finite)], True
+    return [_checks.tensor(fname, "grads", grads, finite=finite)], True
 
 
 def restore_structure(arrays: List[np.ndarray], was_single: bool):

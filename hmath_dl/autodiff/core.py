@@ -107,12 +107,8 @@ class ADTensor:
 
 
 def tensor(fname: str, name: str, x) -> np.ndarray:
-    """``_checks.tensor`` (float64, C-contiguous, finite) keeping 0-d inputs 0-d
-    (``numpy.ascontiguousarray`` would turn them into shape ``[1]``)."""
-    arr = _checks.tensor(fname, name, x)
-    if arr.ndim == 1 and arr.shape[0] == 1 and np.ndim(x) == 0:
-        arr = arr.reshape(())
-    return arr
+    """``_checks.tensor`` (float64, C-contiguous, finite; 0-d inputs stay 0-d)."""
+    return _checks.tensor(fname, name, x)
 
 
 def _frozen_copy(arr: np.ndarray) -> np.ndarray:

@@ -48,12 +48,6 @@ def _raise_status(fname, status, xa, what="x", unit="row"):
                           f"(intermediate values exceed the float64 range)")
 
 
-def _as_output_shape(xa, x):
-    if xa.ndim == 1 and np.ndim(x) == 0:  # _checks.tensor turns a 0-d input into [1]
-        return xa.reshape(())
-    return xa
-
-
 def _rows(fname, xa, rows, n, eps, center):
     from .._kernels.norm import LANES, normalize_rows
 
@@ -262,7 +256,7 @@ def layer_norm(axes, epsilon, x):
     """
     fname = "layer_norm"
     eps = _epsilon(fname, epsilon)
-    xa = _as_output_shape(_checks.tensor(fname, "x", x, finite=False), x)
+    xa = _checks.tensor(fname, "x", x, finite=False)
     k = _axes(fname, axes, xa.ndim)
     n = _prod(xa.shape[xa.ndim - k:])
     rows = _prod(xa.shape[:xa.ndim - k])
@@ -294,7 +288,7 @@ def rms_norm(axes, epsilon, x):
     """
     fname = "rms_norm"
     eps = _epsilon(fname, epsilon)
-    xa = _as_output_shape(_checks.tensor(fname, "x", x, finite=False), x)
+    xa = _checks.tensor(fname, "x", x, finite=False)
     k = _axes(fname, axes, xa.ndim)
     n = _prod(xa.shape[xa.ndim - k:])
     rows = _prod(xa.shape[:xa.ndim - k])

@@ -20,7 +20,6 @@ import enum
 import numpy as np
 
 from .. import _checks
-from .._gradutils import tensor_keep_0d
 from .._kernels import half as _khalf
 from .._kernels import gemm_reduced as _kgemm
 from ..errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
@@ -116,7 +115,7 @@ def round_to_bits(precision, x) -> np.ndarray:
     """
     fname = "round_to_bits"
     precision = _checks.member(fname, "precision", precision, Precision)
-    arr = tensor_keep_0d(fname, "x", x, finite=False)     # finiteness checked by the kernel
+    arr = _checks.tensor(fname, "x", x, finite=False)     # finiteness checked by the kernel
     return _round(fname, "x", precision, arr)
 
 
@@ -186,7 +185,7 @@ def round_to_precision(precision, x) -> np.ndarray:
     """
     fname = "round_to_precision"
     precision = _checks.member(fname, "precision", precision, Precision)
-    arr = tensor_keep_0d(fname, "x", x, finite=False)     # finiteness checked by the kernel
+    arr = _checks.tensor(fname, "x", x, finite=False)     # finiteness checked by the kernel
     mbits, bias, _ = _FORMAT[precision]
     out = _checks.alloc(fname, arr.shape, np.float64)
     if arr.size == 0:
