@@ -231,6 +231,16 @@ def _axes(fname, axes, ndim):
     return a
 
 
+def _trailing(fname, axes, epsilon, x, center):
+    """layer_norm (``center``) / rms_norm over the last ``axes`` axes of ``x``."""
+    eps = _epsilon(fname, epsilon)
+    xa = _checks.tensor(fname, "x", x, finite=False)
+    k = _axes(fname, axes, xa.ndim)
+    n = _prod(xa.shape[xa.ndim - k:])
+    rows = _prod(xa.shape[:xa.ndim - k])
+    return _rows(fname, xa, rows, n, eps, center)
+
+
 def layer_norm(axes, epsilon, x):
     """Layer normalisation over the last ``axes`` axes (no affine part).
 
@@ -254,13 +264,7 @@ def layer_norm(axes, epsilon, x):
     ------
     DomainError, NonFiniteError (NaN/inf in ``x``), NumericOverflow, TypeError.
     """
-    fname = "layer_norm"
-    eps = _epsilon(fname, epsilon)
-    xa = _checks.tensor(fname, "x", x, finite=False)
-    k = _axes(fname, axes, xa.ndim)
-    n = _prod(xa.shape[xa.ndim - k:])
-    rows = _prod(xa.shape[:xa.ndim - k])
-    return _rows(fname, xa, rows, n, eps, True)
+    return _trailing("layer_norm", axes, epsilon, x, center=True)
 
 
 def rms_norm(axes, epsilon, x):
@@ -286,13 +290,7 @@ def rms_norm(axes, epsilon, x):
     ------
     DomainError, NonFiniteError (NaN/inf in ``x``), NumericOverflow, TypeError.
     """
-    fname = "rms_norm"
-    eps = _epsilon(fname, epsilon)
-    xa = _checks.tensor(fname, "x", x, finite=False)
-    k = _axes(fname, axes, xa.ndim)
-    n = _prod(xa.shape[xa.ndim - k:])
-    rows = _prod(xa.shape[:xa.ndim - k])
-    return _rows(fname, xa, rows, n, eps, False)
+    return _trailing("rms_norm", axes, epsilon, x, center=False)
 
 
 def instance_norm(epsilon, x):
