@@ -210,7 +210,15 @@ def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
         dv = p^T go;  dp = go v^T;  ds = p * (dp - rowsum(dp * p));
         dq = scale ds k;  dk = scale ds^T q
 
-    Parallel over ``B``; inside, fixed loop orders.  Rows with ``p == 0`` give exact zeros.
+    Parallel over ``B``; inside, fixed summation orders: ``dp[i, j]`` over ``f``
+    increasing, ``dq[i, :]`` over keys ``j`` increasing, ``dk[j, :]`` and ``dv[j, :]``
+    over queries ``i`` increasing.  Every product loop runs over a contiguous row
+    (accumulators kept transposed, ``[D, N]`` / ``[D, M]`` / ``[F, M]``) so it
+    vectorises; only the span of non-zero weights of each row (column, for ``dq``) is
+    visited -- a zero term adds exactly nothing to a sum that starts at ``+0.0``, so the
+    spans do not change any bit.  Loops index slices from 0 (numba's negative-index
+    wraparound on a variable start would block vectorisation).  Rows with ``p == 0``
+    give exact zeros.
     """
     B, N, D = q.shape
     M = k.shape[1]
@@ -221,20 +229,17 @@ def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
         vb = v[b]
         pb = p[b]
         gb = go[b]
-        dqb = dq[b]
-        dkb = dk[b]
-        dvb = dv[b]
-        ds = np.empty((N, M))
         vt = np.empty((F, M))
         for j in range(M):
             for f in range(F):
                 vt[f, j] = vb[j, f]
+        ds = np.zeros((N, M))
+        rlo = np.zeros(N, dtype=np.int64)
+        rhi = np.full(N, -1, dtype=np.int64)
+        clo = np.full(M, N, dtype=np.int64)
+        chi = np.full(M, -1, dtype=np.int64)
         for i in range(N):
-            gi = gb[i]
             pi = pb[i]
-            dsi = ds[i]
-            for j in range(M):
-                dsi[j] = 0.0
             # keys with p == 0 (masked, or a fully masked row) get ds == 0: only the span
             # [lo, hi] of non-zero weights is computed
             lo = 0
@@ -245,53 +250,75 @@ def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
             hi = M - 1
             while pi[hi] == 0.0:
                 hi -= 1
+            rlo[i] = lo
+            rhi[i] = hi
+            for j in range(lo, hi + 1):
+                if clo[j] > i:
+                    clo[j] = i
+                chi[j] = i
+            gi = gb[i]
+            n = hi + 1 - lo
+            dsi = ds[i, lo:hi + 1]
+            ps = pi[lo:hi + 1]
             # dp[i, j] = sum_f go[i, f] v[j, f], accumulated over f in increasing order
             for f in range(F):
                 c = gi[f]
-                vr = vt[f]
-                for j in range(lo, hi + 1):
-                    dsi[j] += c * vr[j]
+                vr = vt[f, lo:hi + 1]
+                for t in range(n):
+                    dsi[t] += c * vr[t]
             acc = 0.0
-            for j in range(lo, hi + 1):
-                acc += dsi[j] * pi[j]
-            for j in range(lo, hi + 1):
-                dsi[j] = pi[j] * (dsi[j] - acc) * scale
-        # dq = ds k
+            for t in range(n):
+                acc += dsi[t] * ps[t]
+            for t in range(n):
+                dsi[t] = ps[t] * (dsi[t] - acc) * scale
+        # dk^T[e, j] = sum_i ds[i, j] q[i, e];  dv^T[f, j] = sum_i p[i, j] go[i, f]
+        dkt = np.zeros((D, M))
+        dvt = np.zeros((F, M))
         for i in range(N):
-            dqi = dqb[i]
+            lo = rlo[i]
+            hi = rhi[i]
+            n = hi + 1 - lo
+            dsi = ds[i, lo:hi + 1]
+            ps = pb[i, lo:hi + 1]
             for e in range(D):
-                dqi[e] = 0.0
-            dsi = ds[i]
-            for j in range(M):
-                c = dsi[j]
-                if c != 0.0:
-                    kj = kb[j]
-                    for e in range(D):
-                        dqi[e] += c * kj[e]
-        # dk = ds^T q, dv = p^T go
-        for j in range(M):
-            dkj = dkb[j]
-            dvj = dvb[j]
-            for e in range(D):
-                dkj[e] = 0.0
+                c = qb[i, e]
+                row = dkt[e, lo:hi + 1]
+                for t in range(n):
+                    row[t] += dsi[t] * c
             for f in range(F):
-                dvj[f] = 0.0
+                c = gb[i, f]
+                row = dvt[f, lo:hi + 1]
+                for t in range(n):
+                    row[t] += ps[t] * c
+        # dq^T[e, i] = sum_j ds[i, j] k[j, e] (ds transposed so that i is contiguous)
+        dst = np.empty((M, N))
         for i in range(N):
-            qi = qb[i]
-            gi = gb[i]
-            dsi = ds[i]
-            pi = pb[i]
             for j in range(M):
-                c = dsi[j]
-                if c != 0.0:
-                    dkj = dkb[j]
-                    for e in range(D):
-                        dkj[e] += c * qi[e]
-                w = pi[j]
-                if w != 0.0:
-                    dvj = dvb[j]
-                    for f in range(F):
-                        dvj[f] += w * gi[f]
+                dst[j, i] = ds[i, j]
+        dqt = np.zeros((D, N))
+        for j in range(M):
+            lo = clo[j]
+            hi = chi[j]
+            if hi < lo:
+                continue
+            n = hi + 1 - lo
+            dsj = dst[j, lo:hi + 1]
+            for e in range(D):
+                c = kb[j, e]
+                row = dqt[e, lo:hi + 1]
+                for t in range(n):
+                    row[t] += dsj[t] * c
+        dqb = dq[b]
+        dkb = dk[b]
+        dvb = dv[b]
+        for i in range(N):
+            for e in range(D):
+                dqb[i, e] = dqt[e, i]
+        for j in range(M):
+            for e in range(D):
+                dkb[j, e] = dkt[e, j]
+            for f in range(F):
+                dvb[j, f] = dvt[f, j]
 
 
 # --------------------------------------------------------------------------- convolution
