@@ -217,6 +217,54 @@ def test_larger_shapes_match_reference_on_both_kernel_paths():
         assert_matches(got, ref, mag, w[0].size)
 
 
+def test_register_tiled_path_matches_reference_on_larger_shapes():
+    """Several 8-channel blocks (the last one padded), many tiles per batch item, groups,
+    1-3 spatial axes, dilation: the micro-kernel path against the oracle."""
+    g = np.random.default_rng(12)
+    cases = [((2, 6, 23, 29), (22, 3, 3, 3), (1, 1), (1, 2), 2),
+             ((1, 3, 70), (19, 3, 5), (2,), (1,), 1),
+             ((2, 4, 5, 7, 9), (9, 4, 2, 3, 3), (1, 0, 1), (2, 1, 1), 1)]
+    for xs, ws, p, d, groups in cases:
+        x, w, b = g.standard_normal(xs), g.standard_normal(ws), g.standard_normal(ws[0])
+        got = convolution(ConvOptions(1, p, d, groups), x, w, b)
+        ref, mag = conv_reference(x, w, b, (1,) * len(p), p, d, groups)
+        assert_matches(got, ref, mag, w[0].size)
+    x = g.standard_normal((2, 6, 9, 11))
+    w = g.standard_normal((6, 10, 4, 3))
+    for s, p, d, op in (((2, 2), (1, 0), (1, 1), (1, 0)), ((3, 2), (2, 1), (2, 1), (0, 1))):
+        got = transposed_convolution(op, ConvOptions(s, p, d, 2), x, w, None)
+        ref, mag = conv_transpose_reference(x, w, None, s, p, d, op, 2)
+        assert_matches(got, ref, mag, w.shape[0] * w[0, 0].size)
+
+
+@given(conv_cases(), conv_cases(transposed=True))
+def test_register_tiled_kernel_gives_the_generic_kernels_bits(c, t):
+    """The tiled micro-kernel and the generic direct kernel sum the same terms in the same
+    order (one fused multiply-add each), so they must agree bit for bit."""
+    from hmath_dl._kernels import conv as K
+    x, w, b = c["x"], c["w"], c["bias"]
+    if all(v == 1 for v in c["s"]):
+        p3 = K._pad3(c["p"], 0)
+        x5 = K._as5(x)
+        xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
+        xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
+        tiled = conv_nd(x, w, b, c["s"], c["p"], c["d"], c["groups"])
+        generic = np.empty_like(tiled)
+        K.conv_forward(xp, K._as5(w), b if b is not None else np.zeros(1), b is not None,
+                       c["groups"], 1, 1, 1, *K._pad3(c["d"], 1), K._out5(generic))
+        assert tiled.tobytes() == generic.tobytes()
+    x, w, b, groups = t["x"], t["w"], t["bias"], t["groups"]
+    O = tuple((x.shape[2 + a] - 1) * t["s"][a] - 2 * t["p"][a] + t["d"][a] * (w.shape[2 + a] - 1)
+              + t["op"][a] + 1 for a in range(x.ndim - 2))
+    tiled = conv_transpose_nd(x, w, b, t["s"], t["p"], t["d"], t["op"], groups)
+    windows = np.empty_like(tiled)
+    bb = np.asarray(b, dtype=np.float64) if b is not None else np.zeros(1)
+    K._conv_transpose_windows(K._as5(x), K._as5(w), bb, b is not None, K._pad3(t["s"], 1),
+                              K._pad3(t["p"], 0), K._pad3(t["d"], 1), K._pad3(O, 1), groups,
+                              windows, K._out5(windows))
+    assert tiled.tobytes() == windows.tobytes()
+
+
 # --------------------------------------------------------------------------- input handling
 def test_inputs_not_mutated_and_any_array_like_accepted():
     g = np.random.default_rng(5)

@@ -261,6 +261,205 @@ def _taps_1(acc, j, ln, xr, xb, sw, dw, wv, taps):
                 r[i] = _fma(a, z0[i], r[i])
 
 
+def _make_micro(CB, V):
+    """Build the register-tiled micro-kernel for ``CB`` output channels x ``V`` vectors of
+    8 consecutive output positions (``CB * V`` 512-bit accumulators, at most 24 so that
+    they stay in registers):
+
+    ``acc[j*8V + i] = fma(w[K-1, j], x[xbase + offs[K-1] + i], ... fma(w[0, j], x[xbase +
+    offs[0] + i], 0.0))`` for ``j < CB``, ``i < 8V``, with ``w[kk, j] = wpk[wbase + kk*CB + j]``.
+
+    Per output this is exactly the scalar chain of :func:`_fma` calls over the terms in
+    the order kk = 0 .. K-1 (one rounding per term), so tiled and scalar code give the
+    same bits.  Emitted directly as an LLVM loop whose accumulators are SSA values (no
+    load/store per term); every iteration loads V input vectors and broadcasts CB weights.
+    The caller guarantees that every address read is inside ``xf`` and that ``acc`` holds
+    at least ``8 * CB * V`` elements.  Only 1-D C-contiguous arrays are accepted."""
+
+    @intrinsic
+    def micro(typingctx, xf, xbase, offs, wpk, wbase, K, acc):
+        def c1(a, dt):
+            return (isinstance(a, types.Array) and a.layout == "C" and a.ndim == 1
+                    and a.dtype == dt)
+        if not (c1(xf, types.float64) and c1(wpk, types.float64) and c1(acc, types.float64)
+                and c1(offs, types.int64)):
+            return None
+        if not all(isinstance(t, types.Integer) for t in (xbase, wbase, K)):
+            return None
+        sig = types.void(xf, types.int64, offs, wpk, types.int64, types.int64, acc)
+
+        def codegen(context, builder, signature, args):
+            xft, _, offt, wpkt, _, _, acct = signature.args
+            xa, xb, oa, wa, wb, nk, aa = args
+            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+            i64 = llvm_ir.IntType(64)
+            fma = cgutils.get_or_insert_function(
+                builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]),
+                "llvm.fma.v%df64" % _VW)
+            xd = context.make_array(xft)(context, builder, xa).data
+            od = context.make_array(offt)(context, builder, oa).data
+            wd = context.make_array(wpkt)(context, builder, wa).data
+            ad = context.make_array(acct)(context, builder, aa).data
+            zero = llvm_ir.Constant(vty, [0.0] * _VW)
+            slots = [[cgutils.alloca_once_value(builder, zero) for _ in range(V)]
+                     for _ in range(CB)]
+            undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+            zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+            lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+            px0 = builder.gep(xd, [xb])
+            pw0 = builder.gep(wd, [wb])
+            with cgutils.for_range(builder, nk) as loop:
+                kk = loop.index
+                px = builder.gep(px0, [builder.load(builder.gep(od, [kk]))])
+                xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * _VW)]),
+                                                   vty.as_pointer()), align=8)
+                      for v in range(V)]
+                pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, CB))])
+                for j in range(CB):
+                    wj = builder.load(builder.gep(pw, [llvm_ir.Constant(i64, j)]))
+                    sp = builder.shuffle_vector(builder.insert_element(undef, wj, lane0), undef, zmask)
+                    for v in range(V):
+                        builder.store(builder.call(fma, [sp, xs[v], builder.load(slots[j][v])]),
+                                      slots[j][v])
+            for j in range(CB):
+                for v in range(V):
+                    p = builder.gep(ad, [llvm_ir.Constant(i64, (j * V + v) * _VW)])
+                    builder.store(builder.load(slots[j][v]), builder.bitcast(p, vty.as_pointer()),
+                                  align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+_micro_8x3 = _make_micro(8, 3)     # 8 output channels x 24 positions
+_micro_4x6 = _make_micro(4, 6)     # 4 output channels x 48 positions
+_TILE_POS = 24                     # positions per tile when CB == 8 (48 when CB == 4)
+_TILES_PER_ITER = 8                # tiles per prange iteration
+
+
+@kernel
+def conv_forward_tiled(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst, out):
+    """Stride-1 cross-correlation through the register-tiled micro-kernel, in "wide"
+    layout: for every batch item ``n`` and term group ``g`` (a channel group of a grouped
+    convolution, or a phase of a transposed one):
+
+    ``out[n, ochan[g] + c, dst[g, q]] = bias[ochan[g] + c] + sum_kk wpk[g, c // CB, kk, c % CB]
+    * xf[n * xstride + q + offs[g, kk]]``
+
+    for every wide position ``q`` with ``dst[g, q] >= 0`` (``dst`` may have a single row
+    shared by every ``g``), ``c < Cog``.  The sum is one fused multiply-add per term, in
+    the order kk = 0 .. K-1, starting from 0.0 (then the bias is added), so the bits never
+    depend on the tiling or the thread count.  ``xf`` is the flat zero-padded input,
+    ``wpk`` the weights packed as ``[G, nblk, K, CB]`` (zero rows pad the last block),
+    ``maxoff[g] = max(offs[g])``, ``out`` a ``[N, Cout, plane]`` view.
+
+    Parallel over (batch item, run of tiles); every tile runs all term groups in turn, so
+    the phases of a transposed convolution, which interleave in the output, fill each
+    output cache line while it is hot.  A tile whose vector loads would run past the end
+    of ``xf`` is computed by the equivalent scalar chain."""
+    N = out.shape[0]
+    G, K = offs.shape
+    total = dst.shape[1]
+    nrow = dst.shape[0]
+    nblk = (Cog + CB - 1) // CB
+    VL = _TILE_POS if CB == 8 else 2 * _TILE_POS
+    ntiles = (total + VL - 1) // VL
+    nit = (ntiles + _TILES_PER_ITER - 1) // _TILES_PER_ITER
+    for t in prange(N * nit):
+        it = t % nit
+        n = t // nit
+        acc = np.empty(CB * VL)
+        for tile in range(it * _TILES_PER_ITER, min(ntiles, (it + 1) * _TILES_PER_ITER)):
+            p0 = tile * VL
+            ln = min(VL, total - p0)
+            xbase = n * xstride + p0
+            for g in range(G):
+                _tile_group(xf, xbase, offs[g], dst[g % nrow], maxoff[g], wpk, g, nblk, K,
+                            CB, VL, p0, ln, bias, has_bias, Cog, ochan[g], acc, out[n])
+
+
+@helper
+def _tile_group(xf, xbase, og, dg, maxoff, wpk, g, nblk, K, CB, VL, p0, ln, bias, has_bias,
+                Cog, ochan, acc, outn):
+    """One tile (positions ``p0 .. p0+ln-1``) of one term group for every block of CB
+    output channels: micro-kernel (or the scalar chain near the end of ``xf``), then the
+    bias and the scatter to ``outn[co, dg[q]]``."""
+    safe = xbase + maxoff + VL <= xf.shape[0]
+    for b in range(nblk):
+        wbase = ((g * nblk + b) * K) * CB
+        if safe:
+            if CB == 8:
+                _micro_8x3(xf, xbase, og, wpk, wbase, K, acc)
+            else:
+                _micro_4x6(xf, xbase, og, wpk, wbase, K, acc)
+        else:
+            for j in range(CB):
+                for i in range(ln):
+                    a = 0.0
+                    for kk in range(K):
+                        a = _fma(wpk[wbase + kk * CB + j], xf[xbase + og[kk] + i], a)
+                    acc[j * VL + i] = a
+        nb = min(CB, Cog - b * CB)
+        for j in range(nb):
+            co = ochan + b * CB + j
+            orow = outn[co]
+            src = acc[j * VL:]
+            if has_bias:
+                bv = bias[co]
+                for i in range(ln):
+                    q = dg[p0 + i]
+                    if q >= 0:
+                        orow[q] = src[i] + bv
+            else:
+                for i in range(ln):
+                    q = dg[p0 + i]
+                    if q >= 0:
+                        orow[q] = src[i]
+
+
+def _pack_weights(w, G, CB):
+    """``w [G*Cog, K]`` (rows = output channels, columns = terms in summation order) ->
+    flat ``[G, nblk, K, CB]`` with zero rows padding each group's last block."""
+    Cog = w.shape[0] // G
+    K = w.shape[1]
+    nblk = -(-Cog // CB)
+    wp = np.zeros((G, nblk * CB, K), dtype=np.float64)
+    wp[:, :Cog] = w.reshape(G, Cog, K)
+    return np.ascontiguousarray(wp.reshape(G, nblk, CB, K).transpose(0, 1, 3, 2)).reshape(-1)
+
+
+def _wide_dst(counts, starts, steps, grid, oshape):
+    """Map every wide position ``q = (jd*Hp + jh)*Wp + jw`` on a padded grid ``grid =
+    (Dp, Hp, Wp)`` to the flat index of output ``(starts + steps*j)`` in an output plane of
+    shape ``oshape`` when ``j < counts`` on every axis, else -1."""
+    Hp, Wp = grid[1], grid[2]
+    total = (counts[0] - 1) * Hp * Wp + (counts[1] - 1) * Wp + counts[2]
+    q = np.arange(total, dtype=np.int64)
+    jd, rem = np.divmod(q, Hp * Wp)
+    jh, jw = np.divmod(rem, Wp)
+    od = starts[0] + steps[0] * jd
+    oh = starts[1] + steps[1] * jh
+    ow = starts[2] + steps[2] * jw
+    return np.where((jh < counts[1]) & (jw < counts[2]),
+                    (od * oshape[1] + oh) * oshape[2] + ow, -1)
+
+
+def _launch_tiled(xp, wrows, G, Cog, offs, bias, has_bias, ochan, dst, out5):
+    """Pack and launch :func:`conv_forward_tiled` (``wrows [G*Cog, K]``, ``offs [G, K]``)."""
+    CB = 8 if Cog > 4 else 4
+    N = xp.shape[0]
+    xstride = xp.size // N if N else 0
+    wpk = _pack_weights(wrows, G, CB)
+    offs = np.ascontiguousarray(offs, dtype=np.int64)
+    maxoff = offs.max(axis=1) if offs.shape[1] else np.zeros(G, dtype=np.int64)
+    out3 = out5.reshape(out5.shape[:2] + (-1,))
+    conv_forward_tiled(xp.reshape(-1), xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog,
+                       np.ascontiguousarray(ochan, dtype=np.int64),
+                       np.ascontiguousarray(dst, dtype=np.int64), out3)
+
+
 @kernel
 def pad_input(x, pd, ph, pw, out):
     """out[n, c] = x[n, c] surrounded by (pd, ph, pw) zeros per side (out preallocated)."""
@@ -450,6 +649,29 @@ def _pad3(t, fill):
     return (fill,) * (3 - len(t)) + t
 
 
+def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5):
+    """Run the forward kernel on the padded rank-5 input ``xp``: the register-tiled one
+    (:func:`conv_forward_tiled`) for stride 1 and at least 4 output channels per group,
+    else :func:`conv_forward`.  Both sum the same terms in the same order (same bits)."""
+    Cout, Cg = w5.shape[:2]
+    Cog = Cout // groups
+    if s != (1, 1, 1) or Cog < 4:
+        conv_forward(xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
+        return
+    _, _, Dp, Hp, Wp = xp.shape
+    K3 = w5.shape[2:]
+    O = out5.shape[2:]
+    # term kk = ci' * KT + (kd*KH + kh)*KW + kw: its offset in xp
+    taps = (np.arange(K3[0])[:, None, None] * (d[0] * Hp * Wp)
+            + np.arange(K3[1])[None, :, None] * (d[1] * Wp)
+            + np.arange(K3[2])[None, None, :] * d[2]).reshape(-1)
+    chan = np.arange(groups * Cg, dtype=np.int64).reshape(groups, Cg) * (Dp * Hp * Wp)
+    offs = (chan[:, :, None] + taps[None, None, :]).reshape(groups, -1)
+    dst = _wide_dst(O, (0, 0, 0), (1, 1, 1), (Dp, Hp, Wp), O)[None, :]
+    _launch_tiled(xp, w5.reshape(Cout, -1), groups, Cog, offs, b, has_bias,
+                  np.arange(groups, dtype=np.int64) * Cog, dst, out5)
+
+
 def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None):
     """Forward convolution on validated arrays (see module docstring).
 
@@ -479,8 +701,7 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None):
         xp = x5
     b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
     if out.size:
-        conv_forward(xp, w5, b, bias is not None, int(groups), s[0], s[1], s[2],
-                     d[0], d[1], d[2], _out5(out))
+        _launch_forward(xp, w5, b, bias is not None, int(groups), s, d, _out5(out))
     return out
 
 
@@ -503,15 +724,18 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     ``(S-1)s - 2p + d(K-1) + output_padding + 1``;
     ``y[n, co, o] = bias[co] + sum_{ci in group(co), k, i: i*s + k*d = o + p} w[ci, co', k] x[n, ci, i]``.
 
-    Computed by polyphase decomposition: the outputs ``o`` with ``(o + p) mod s = r`` (per
-    axis) only receive the taps ``k`` with ``(k*d) mod s = r``, consecutive ones ``d/gcd(d, s)``
-    input positions apart, so each phase is a stride-1 forward convolution of a
-    zero-extended window of ``x`` with the phase's taps in reverse order (phases with
-    fewer taps are padded with zero weights, which add exact zeros).  All phases run as
-    the groups of ONE grouped :func:`conv_forward` launch; numpy copies build the windows
-    and scatter the phases into the output.  Each output sums its terms in the fixed order
-    (ci', taps of its phase from the last to the first), one fused multiply-add per term;
-    the thread count never matters.
+    Computed by polyphase decomposition: the outputs ``o = start_r + s*j`` with
+    ``(o + p) mod s = r`` (per axis) only receive the taps ``k`` with ``(k*d) mod s = r``,
+    tap number ``t`` of the phase reading ``x[q0_r + j - m_t]`` (``m_t = (k_t d) div s``,
+    ``q0_r = (start_r + p) div s``), so every phase is a stride-1 correlation of one shared
+    zero-padded copy of ``x`` with the phase's taps in reverse order.  Phases with fewer
+    taps than the longest are padded with leading zero weights (exact no-ops); phases that
+    receive no tap get the bias alone.  All (phase, group) pairs run in ONE launch of
+    :func:`conv_forward_tiled` (or, with fewer than 4 output channels per group, of
+    :func:`conv_forward` on per-phase windows), which writes every phase straight into its
+    strided output positions.  Each output sums its terms in the fixed order (ci', taps of
+    its phase from the last to the first), one fused multiply-add per term; the thread
+    count never matters.
     """
     r = x.ndim - 2
     s = _pad3(stride, 1)
@@ -535,6 +759,90 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
         return out
     out5 = _out5(out)
     has_bias = bias is not None
+    b = np.asarray(bias, dtype=np.float64) if has_bias else np.zeros(1, dtype=np.float64)
+    if Cog < 4:
+        return _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5)
+    # per axis and phase r: (taps k, first offset m, offset step), first output, count, q0
+    taps = [_phase_taps(K[a], s[a], d[a]) for a in range(3)]
+    J = [max(len(t[0]) for t in taps[a]) for a in range(3)]
+    start = [[(rr - p[a]) % s[a] for rr in range(s[a])] for a in range(3)]
+    count = [[len(range(start[a][rr], O[a], s[a])) for rr in range(s[a])] for a in range(3)]
+    q0 = [[(start[a][rr] + p[a]) // s[a] for rr in range(s[a])] for a in range(3)]
+    # (axis, phase) -> x offset (relative to q0 + j) of reversed tap position jpos (zero
+    # weight positions reuse the first tap's offset, any in-range address will do)
+    active, idle = [], []
+    for rd in range(s[0]):
+        for rh in range(s[1]):
+            for rw in range(s[2]):
+                rr = (rd, rh, rw)
+                if any(count[a][rr[a]] == 0 for a in range(3)):
+                    continue
+                (active if all(taps[a][rr[a]][0] for a in range(3)) else idle).append(rr)
+    for rr in idle:            # no tap reaches these outputs: bias only
+        sl = (slice(None), slice(None)) + tuple(slice(start[a][rr[a]], None, s[a]) for a in range(3))
+        out5[sl] = b.reshape(-1, 1, 1, 1) if has_bias else 0.0
+    if not active:
+        return out
+    # m offset of every reversed position, per axis and phase
+    mpos = [[None] * s[a] for a in range(3)]
+    for a in range(3):
+        for rr in range(s[a]):
+            ks, m0, dm = taps[a][rr]
+            n = len(ks)
+            mpos[a][rr] = [m0 + (J[a] - 1 - jp) * dm if jp >= J[a] - n else m0
+                           for jp in range(J[a])]
+    # one shared zero-padded x: every read q0 + j - m (j < count) must land inside it
+    lo = [max(0, max(m - q0[a][rr[a]] for rr in active for m in mpos[a][rr[a]])) for a in range(3)]
+    hi = [max(S[a] + lo[a], max(lo[a] + q0[a][rr[a]] - min(mpos[a][rr[a]]) + count[a][rr[a]]
+                                for rr in active)) for a in range(3)]
+    xpad = np.empty((N, Cin) + tuple(hi), dtype=np.float64)
+    pad_input(x5, lo[0], lo[1], lo[2], xpad)
+    Dp, Hp, Wp = hi
+    plane = Dp * Hp * Wp
+    Jt = J[0] * J[1] * J[2]
+    G = len(active) * groups
+    wg = w5.reshape((groups, Cig, Cog) + K).transpose(0, 2, 1, 3, 4, 5).reshape((Cout, Cig) + K)
+    wrows = np.zeros((len(active), Cout, Cig) + tuple(J), dtype=np.float64)
+    offs = np.empty((len(active), groups, Cig, Jt), dtype=np.int64)
+    chan = np.arange(Cin, dtype=np.int64).reshape(groups, Cig, 1) * plane
+    dsts = []
+    for ph, rr in enumerate(active):
+        tp = [taps[a][rr[a]] for a in range(3)]
+        # the phase's taps form an arithmetic progression k0, k0 + ks, ...; reversed, they
+        # fill the last len(taps) positions
+        nk = [len(tp[a][0]) for a in range(3)]
+        ksl = tuple(slice(tp[a][0][-1], tp[a][0][0] - 1 if tp[a][0][0] else None,
+                          -(tp[a][0][1] - tp[a][0][0]) if nk[a] > 1 else -1) for a in range(3))
+        wrows[(ph, slice(None), slice(None)) + tuple(slice(J[a] - nk[a], None) for a in range(3))] = \
+            wg[(slice(None), slice(None)) + ksl]
+        bo = [lo[a] + q0[a][rr[a]] - np.asarray(mpos[a][rr[a]], dtype=np.int64) for a in range(3)]
+        toff = (bo[0][:, None, None] * (Hp * Wp) + bo[1][None, :, None] * Wp
+                + bo[2][None, None, :]).reshape(-1)
+        offs[ph] = chan + toff[None, None, :]
+        cnt = tuple(count[a][rr[a]] for a in range(3))
+        st = tuple(start[a][rr[a]] for a in range(3))
+        dsts.append(_wide_dst(cnt, st, s, (Dp, Hp, Wp), O))
+    total = max(len(t) for t in dsts)
+    dst = np.full((len(active), total), -1, dtype=np.int64)
+    for ph, t in enumerate(dsts):
+        dst[ph, :len(t)] = t
+    ochan = np.tile(np.arange(groups, dtype=np.int64) * Cog, len(active))
+    _launch_tiled(xpad, wrows.reshape(G * Cog, Cig * Jt), G, Cog, offs.reshape(G, Cig * Jt),
+                  b, has_bias, ochan, np.repeat(dst, groups, axis=0), out5)
+    return out
+
+
+def _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5):
+    """:func:`conv_transpose_nd` for fewer than 4 output channels per group: every phase
+    is one group of a grouped stride-1 :func:`conv_forward` over its own zero-extended
+    window of ``x`` (numpy copies build the windows and scatter the phases into ``out``);
+    the same terms in the same order as the tiled path."""
+    N, Cin = x5.shape[:2]
+    Cog = w5.shape[1]
+    Cout = Cog * groups
+    Cig = Cin // groups
+    S = x5.shape[2:]
+    K = w5.shape[2:]
     taps = [_phase_taps(K[a], s[a], d[a]) for a in range(3)]
     J = [max(len(t[0]) for t in taps[a]) for a in range(3)]          # taps per phase (padded)
     dm = [taps[a][0][2] for a in range(3)]
@@ -543,7 +851,6 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     C = [max(count[a]) for a in range(3)]
     L = [C[a] + (J[a] - 1) * dm[a] for a in range(3)]
     nph = s[0] * s[1] * s[2]
-    # every phase becomes a group of one grouped stride-1 forward convolution:
     # input channels ph*Cin + ci hold the phase's window of x, weights ph*Cout + co its taps
     xw = np.zeros((N, nph * Cin) + tuple(L), dtype=np.float64)
     wall = np.zeros((nph * Cout, Cig) + tuple(J), dtype=np.float64)
@@ -558,7 +865,6 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
                 tp = [taps[a][rr[a]] for a in range(3)]
                 if any(len(t[0]) == 0 for t in tp):
                     continue          # no tap reaches this phase: zero weights, bias only
-                # tap i of the phase sits at reversed position J-1-i
                 kk = [np.asarray(tp[a][0], dtype=np.int64) for a in range(3)]
                 jj = [J[a] - 1 - np.arange(len(tp[a][0])) for a in range(3)]
                 wall[ph * Cout:(ph + 1) * Cout][np.ix_(np.arange(Cout), np.arange(Cig), jj[0], jj[1], jj[2])] = \
@@ -571,9 +877,9 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
                     xw[:, ph * Cin:(ph + 1) * Cin, lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] = \
                         x5[:, :, lo[0] + so[0]:hi[0] + so[0], lo[1] + so[1]:hi[1] + so[1],
                            lo[2] + so[2]:hi[2] + so[2]]
-    b = np.tile(np.asarray(bias, dtype=np.float64), nph) if has_bias else np.zeros(1, dtype=np.float64)
+    bb = np.tile(b, nph) if has_bias else b
     part = np.empty((N, nph * Cout) + tuple(C), dtype=np.float64)
-    conv_forward(xw, wall, b, has_bias, nph * groups, 1, 1, 1, dm[0], dm[1], dm[2], part)
+    conv_forward(xw, wall, bb, has_bias, nph * groups, 1, 1, 1, dm[0], dm[1], dm[2], part)
     for ph, rr in enumerate(phases):
         cnt = [count[a][rr[a]] for a in range(3)]
         if min(cnt) == 0:
