@@ -27,6 +27,8 @@ Public kernel entries (for reuse, e.g. by autodiff):
 * ``activation_derivative(code, x_flat, out_flat) -> bool``: ``out_flat[i] = f'(x_flat[i])``
   (at the kinks of RELU / LEAKY_RELU / ELU, ``x == 0``, the left derivative is used: 0,
   0.01 and 1 respectively).
+* ``activation_forward_derivative(code, x_flat, out_flat, d_flat) -> bool``: both in one
+  pass (GELU evaluates erfc once), bitwise equal to the two kernels above.
 
 Both take 1-D C-contiguous float64 arrays of equal length (``out_flat`` may be
 ``x_flat`` itself for in-place use) and return True iff every INPUT is finite; for
@@ -220,6 +222,42 @@ def activation_derivative(code, x_flat, out_flat):
         start = c * _CHUNK
         stop = min(n, start + _CHUNK)
         ok[c] = _derivative_chunk(code, x_flat, out_flat, start, stop)
+    for c in range(nchunks):
+        if not ok[c]:
+            return False
+    return True
+
+
+@helper
+def _gelu_both_chunk(x, out, d, start, stop):
+    """GELU value and derivative from ONE erfc per element (the same expressions as
+    ``_forward_chunk`` / ``_derivative_chunk``, so the same bits)."""
+    ok = _chunk_finite(x, start, stop)
+    for i in range(start, stop):
+        v = x[i]
+        e = math.erfc(-v * _INV_SQRT2)
+        out[i] = 0.5 * v * e
+        d[i] = 0.5 * e + v * _INV_SQRT_2PI * math.exp(-0.5 * v * v)
+    return ok
+
+
+@kernel
+def activation_forward_derivative(code, x_flat, out_flat, d_flat):
+    """``out_flat[i] = f_code(x_flat[i])`` and ``d_flat[i] = f_code'(x_flat[i])`` in one
+    pass (for autodiff: the backward pass then only multiplies).  Bitwise the results of
+    :func:`activation_forward` and :func:`activation_derivative`; True iff every input is
+    finite."""
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    ok = np.ones(nchunks, dtype=np.bool_)
+    for c in prange(nchunks):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        if code == GELU:
+            ok[c] = _gelu_both_chunk(x_flat, out_flat, d_flat, start, stop)
+        else:
+            ok[c] = _forward_chunk(code, x_flat, out_flat, start, stop)
+            _derivative_chunk(code, x_flat, d_flat, start, stop)
     for c in range(nchunks):
         if not ok[c]:
             return False

@@ -340,16 +340,27 @@ def activate(activation, x):
     fname = "activate"
     act = _checks.member(fname, "activation", activation, Activation)
     x = _ad(fname, "x", x)
-    value = plain_activate(act, x.value)
-    return make_node("activate", value, (x,), act.value)
+    if not x.needs_grad or x.size == 0:
+        return make_node("activate", plain_activate(act, x.value), (x,), (act.value, None))
+    # x.value is a finite float64 C-contiguous tape value: one fused pass computes f and
+    # f' (the bits of plain_activate and of activation_derivative); f' is kept for the vjp
+    from .._kernels.elementwise import activation_forward_derivative
+    value = np.empty(x.shape)
+    d = np.empty(x.shape)
+    if not activation_forward_derivative(act.value, x.value.reshape(-1), value.reshape(-1),
+                                         d.reshape(-1)):
+        return make_node("activate", plain_activate(act, x.value), (x,), (act.value, None))
+    return make_node("activate", value, (x,), (act.value, d))
 
 
 def _vjp_activate(g, node, needs):
-    from .._kernels.elementwise import activation_derivative
-    x = node.parents[0].value
-    d = np.empty(x.shape)
-    if x.size:
-        activation_derivative(node.ctx, x.reshape(-1), d.reshape(-1))
+    code, d = node.ctx
+    if d is None:
+        from .._kernels.elementwise import activation_derivative
+        x = node.parents[0].value
+        d = np.empty(x.shape)
+        if x.size:
+            activation_derivative(code, x.reshape(-1), d.reshape(-1))
     return (g * d,)
 
 
