@@ -28,6 +28,7 @@ terms in a fixed order (input channel, kd, kh, kw; one fused multiply-add per te
 bits never depend on the thread count.  No BLAS is used.
 """
 
+import functools
 import math
 
 import llvmlite.ir as llvm_ir
@@ -446,18 +447,33 @@ def _wide_dst(counts, starts, steps, grid, oshape):
                     (od * oshape[1] + oh) * oshape[2] + ow, -1)
 
 
-def _launch_tiled(xp, wrows, G, Cog, offs, bias, has_bias, ochan, dst, out5):
-    """Pack and launch :func:`conv_forward_tiled` (``wrows [G*Cog, K]``, ``offs [G, K]``)."""
+def _frozen(*arrays):
+    """Read-only int64 C-contiguous copies (cached geometry is shared between calls)."""
+    out = []
+    for a in arrays:
+        a = np.ascontiguousarray(a, dtype=np.int64)
+        a.flags.writeable = False
+        out.append(a)
+    return tuple(out)
+
+
+def _geometry(offs, ochan, dst):
+    """``(offs, maxoff, ochan, dst)`` for :func:`_launch_tiled`, read-only."""
+    maxoff = offs.max(axis=1) if offs.shape[1] else np.zeros(offs.shape[0], dtype=np.int64)
+    return _frozen(offs, maxoff, ochan, dst)
+
+
+def _launch_tiled(xp, wrows, Cog, geo, bias, has_bias, out5):
+    """Pack the weights ``wrows [G*Cog, K]`` and launch :func:`conv_forward_tiled` with the
+    geometry ``geo = (offs [G, K], maxoff [G], ochan [G], dst [rows, total])``."""
+    offs, maxoff, ochan, dst = geo
     CB = 8 if Cog > 4 else 4
     N = xp.shape[0]
     xstride = xp.size // N if N else 0
-    wpk = _pack_weights(wrows, G, CB)
-    offs = np.ascontiguousarray(offs, dtype=np.int64)
-    maxoff = offs.max(axis=1) if offs.shape[1] else np.zeros(G, dtype=np.int64)
+    wpk = _pack_weights(wrows, offs.shape[0], CB)
     out3 = out5.reshape(out5.shape[:2] + (-1,))
     conv_forward_tiled(xp.reshape(-1), xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog,
-                       np.ascontiguousarray(ochan, dtype=np.int64),
-                       np.ascontiguousarray(dst, dtype=np.int64), out3)
+                       ochan, dst, out3)
 
 
 @kernel
@@ -658,18 +674,23 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5):
     if s != (1, 1, 1) or Cog < 4:
         conv_forward(xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return
-    _, _, Dp, Hp, Wp = xp.shape
-    K3 = w5.shape[2:]
-    O = out5.shape[2:]
+    geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:])
+    _launch_tiled(xp, w5.reshape(Cout, -1), Cog, geo, b, has_bias, out5)
+
+
+@functools.lru_cache(maxsize=128)
+def _forward_geometry(grid, K3, d, groups, Cg, Cog, O):
+    """Term offsets and output map of a stride-1 forward convolution on the padded grid
+    ``grid`` (cached: a training loop repeats the same shapes)."""
+    Dp, Hp, Wp = grid
     # term kk = ci' * KT + (kd*KH + kh)*KW + kw: its offset in xp
     taps = (np.arange(K3[0])[:, None, None] * (d[0] * Hp * Wp)
             + np.arange(K3[1])[None, :, None] * (d[1] * Wp)
             + np.arange(K3[2])[None, None, :] * d[2]).reshape(-1)
     chan = np.arange(groups * Cg, dtype=np.int64).reshape(groups, Cg) * (Dp * Hp * Wp)
     offs = (chan[:, :, None] + taps[None, None, :]).reshape(groups, -1)
-    dst = _wide_dst(O, (0, 0, 0), (1, 1, 1), (Dp, Hp, Wp), O)[None, :]
-    _launch_tiled(xp, w5.reshape(Cout, -1), groups, Cog, offs, b, has_bias,
-                  np.arange(groups, dtype=np.int64) * Cog, dst, out5)
+    dst = _wide_dst(O, (0, 0, 0), (1, 1, 1), grid, O)[None, :]
+    return _geometry(offs, np.arange(groups, dtype=np.int64) * Cog, dst)
 
 
 def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None):
@@ -762,14 +783,34 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     b = np.asarray(bias, dtype=np.float64) if has_bias else np.zeros(1, dtype=np.float64)
     if Cog < 4:
         return _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5)
+    lo, hi, J, wsl, idle, geo = _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog)
+    for sl in idle:            # no tap reaches these outputs: bias only
+        out5[(slice(None), slice(None)) + sl] = b.reshape(-1, 1, 1, 1) if has_bias else 0.0
+    if not wsl:
+        return out
+    xpad = np.empty((N, Cin) + hi, dtype=np.float64)
+    pad_input(x5, lo[0], lo[1], lo[2], xpad)
+    wg = w5.reshape((groups, Cig, Cog) + K).transpose(0, 2, 1, 3, 4, 5).reshape((Cout, Cig) + K)
+    wrows = np.zeros((len(wsl), Cout, Cig) + J, dtype=np.float64)
+    for ph, (dsl, ksl) in enumerate(wsl):
+        wrows[(ph, slice(None), slice(None)) + dsl] = wg[(slice(None), slice(None)) + ksl]
+    _launch_tiled(xpad, wrows.reshape(len(wsl) * Cout, -1), Cog, geo, b, has_bias, out5)
+    return out
+
+
+@functools.lru_cache(maxsize=128)
+def _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog):
+    """Everything about a transposed convolution that depends on shapes only (cached):
+    the low padding and padded extent of the shared input copy, the taps per phase,
+    per active phase the (destination, source) slices that place its taps (reversed) in
+    the packed weights, the output slices of phases that receive no tap, and the
+    :func:`_launch_tiled` geometry (term groups ordered (phase, group))."""
     # per axis and phase r: (taps k, first offset m, offset step), first output, count, q0
     taps = [_phase_taps(K[a], s[a], d[a]) for a in range(3)]
-    J = [max(len(t[0]) for t in taps[a]) for a in range(3)]
+    J = tuple(max(len(t[0]) for t in taps[a]) for a in range(3))
     start = [[(rr - p[a]) % s[a] for rr in range(s[a])] for a in range(3)]
     count = [[len(range(start[a][rr], O[a], s[a])) for rr in range(s[a])] for a in range(3)]
     q0 = [[(start[a][rr] + p[a]) // s[a] for rr in range(s[a])] for a in range(3)]
-    # (axis, phase) -> x offset (relative to q0 + j) of reversed tap position jpos (zero
-    # weight positions reuse the first tap's offset, any in-range address will do)
     active, idle = [], []
     for rd in range(s[0]):
         for rh in range(s[1]):
@@ -777,13 +818,14 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
                 rr = (rd, rh, rw)
                 if any(count[a][rr[a]] == 0 for a in range(3)):
                     continue
-                (active if all(taps[a][rr[a]][0] for a in range(3)) else idle).append(rr)
-    for rr in idle:            # no tap reaches these outputs: bias only
-        sl = (slice(None), slice(None)) + tuple(slice(start[a][rr[a]], None, s[a]) for a in range(3))
-        out5[sl] = b.reshape(-1, 1, 1, 1) if has_bias else 0.0
+                if all(taps[a][rr[a]][0] for a in range(3)):
+                    active.append(rr)
+                else:
+                    idle.append(tuple(slice(start[a][rr[a]], None, s[a]) for a in range(3)))
     if not active:
-        return out
-    # m offset of every reversed position, per axis and phase
+        return (0, 0, 0), (0, 0, 0), J, [], idle, None
+    # the m offset of every reversed tap position, per axis and phase (zero-weight
+    # positions reuse the first tap's offset: any in-range address will do)
     mpos = [[None] * s[a] for a in range(3)]
     for a in range(3):
         for rr in range(s[a]):
@@ -792,20 +834,16 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
             mpos[a][rr] = [m0 + (J[a] - 1 - jp) * dm if jp >= J[a] - n else m0
                            for jp in range(J[a])]
     # one shared zero-padded x: every read q0 + j - m (j < count) must land inside it
-    lo = [max(0, max(m - q0[a][rr[a]] for rr in active for m in mpos[a][rr[a]])) for a in range(3)]
-    hi = [max(S[a] + lo[a], max(lo[a] + q0[a][rr[a]] - min(mpos[a][rr[a]]) + count[a][rr[a]]
-                                for rr in active)) for a in range(3)]
-    xpad = np.empty((N, Cin) + tuple(hi), dtype=np.float64)
-    pad_input(x5, lo[0], lo[1], lo[2], xpad)
+    lo = tuple(max(0, max(m - q0[a][rr[a]] for rr in active for m in mpos[a][rr[a]]))
+               for a in range(3))
+    hi = tuple(max(S[a] + lo[a], max(lo[a] + q0[a][rr[a]] - min(mpos[a][rr[a]]) + count[a][rr[a]]
+                                     for rr in active)) for a in range(3))
     Dp, Hp, Wp = hi
     plane = Dp * Hp * Wp
     Jt = J[0] * J[1] * J[2]
-    G = len(active) * groups
-    wg = w5.reshape((groups, Cig, Cog) + K).transpose(0, 2, 1, 3, 4, 5).reshape((Cout, Cig) + K)
-    wrows = np.zeros((len(active), Cout, Cig) + tuple(J), dtype=np.float64)
     offs = np.empty((len(active), groups, Cig, Jt), dtype=np.int64)
-    chan = np.arange(Cin, dtype=np.int64).reshape(groups, Cig, 1) * plane
-    dsts = []
+    chan = np.arange(groups * Cig, dtype=np.int64).reshape(groups, Cig, 1) * plane
+    wsl, dsts = [], []
     for ph, rr in enumerate(active):
         tp = [taps[a][rr[a]] for a in range(3)]
         # the phase's taps form an arithmetic progression k0, k0 + ks, ...; reversed, they
@@ -813,23 +851,22 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
         nk = [len(tp[a][0]) for a in range(3)]
         ksl = tuple(slice(tp[a][0][-1], tp[a][0][0] - 1 if tp[a][0][0] else None,
                           -(tp[a][0][1] - tp[a][0][0]) if nk[a] > 1 else -1) for a in range(3))
-        wrows[(ph, slice(None), slice(None)) + tuple(slice(J[a] - nk[a], None) for a in range(3))] = \
-            wg[(slice(None), slice(None)) + ksl]
+        wsl.append((tuple(slice(J[a] - nk[a], None) for a in range(3)), ksl))
         bo = [lo[a] + q0[a][rr[a]] - np.asarray(mpos[a][rr[a]], dtype=np.int64) for a in range(3)]
         toff = (bo[0][:, None, None] * (Hp * Wp) + bo[1][None, :, None] * Wp
                 + bo[2][None, None, :]).reshape(-1)
         offs[ph] = chan + toff[None, None, :]
         cnt = tuple(count[a][rr[a]] for a in range(3))
         st = tuple(start[a][rr[a]] for a in range(3))
-        dsts.append(_wide_dst(cnt, st, s, (Dp, Hp, Wp), O))
+        dsts.append(_wide_dst(cnt, st, s, hi, O))
     total = max(len(t) for t in dsts)
     dst = np.full((len(active), total), -1, dtype=np.int64)
     for ph, t in enumerate(dsts):
         dst[ph, :len(t)] = t
+    G = len(active) * groups
     ochan = np.tile(np.arange(groups, dtype=np.int64) * Cog, len(active))
-    _launch_tiled(xpad, wrows.reshape(G * Cog, Cig * Jt), G, Cog, offs.reshape(G, Cig * Jt),
-                  b, has_bias, ochan, np.repeat(dst, groups, axis=0), out5)
-    return out
+    geo = _geometry(offs.reshape(G, Cig * Jt), ochan, np.repeat(dst, groups, axis=0))
+    return lo, hi, J, wsl, idle, geo
 
 
 def _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5):
