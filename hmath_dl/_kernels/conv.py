@@ -478,7 +478,8 @@ def _launch_tiled(xp, wrows, Cog, geo, bias, has_bias, out5):
 
 @kernel
 def pad_input(x, pd, ph, pw, out):
-    """out[n, c] = x[n, c] surrounded by (pd, ph, pw) zeros per side (out preallocated)."""
+    """out[n, c] = x[n, c] placed at offset (pd, ph, pw) in zeros (out preallocated, at
+    least as large as x plus the offsets on every axis); every element written once."""
     N, C, D, H, W = x.shape
     Dp, Hp, Wp = out.shape[2], out.shape[3], out.shape[4]
     for t in prange(N * C):
@@ -486,12 +487,18 @@ def pad_input(x, pd, ph, pw, out):
         c = t % C
         for d in range(Dp):
             for h in range(Hp):
-                for w in range(Wp):
-                    out[n, c, d, h, w] = 0.0
-        for d in range(D):
-            for h in range(H):
-                for w in range(W):
-                    out[n, c, d + pd, h + ph, w + pw] = x[n, c, d, h, w]
+                row = out[n, c, d, h]
+                if d < pd or d >= pd + D or h < ph or h >= ph + H:
+                    for w in range(Wp):
+                        row[w] = 0.0
+                else:
+                    src = x[n, c, d - pd, h - ph]
+                    for w in range(pw):
+                        row[w] = 0.0
+                    for w in range(W):
+                        row[pw + w] = src[w]
+                    for w in range(pw + W, Wp):
+                        row[w] = 0.0
 
 
 @kernel
