@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks
+from .. import _blas, _checks
 from ..errors import NumericOverflow, ShapeError
 
 __all__ = ["dense"]
@@ -31,7 +31,9 @@ def dense(x, weights, bias):
     -----
     The product runs in numpy's BLAS ``matmul`` (the fastest float64 GEMM available);
     BLAS splits work over output blocks, so the result does not depend on
-    ``NUMBA_NUM_THREADS``.  Summation order inside a dot product is BLAS's.
+    ``NUMBA_NUM_THREADS``.  Summation order inside a dot product is BLAS's.  Products
+    of fewer than ``2**25`` multiply-adds run on one BLAS thread (see
+    ``hmath_dl._blas``: multi-threaded small GEMMs stall beside Numba's threads).
 
     Raises
     ------
@@ -67,7 +69,7 @@ def dense(x, weights, bias):
         if xa.shape[-1] == 0:
             out[...] = 0.0
         else:
-            np.matmul(xa, w.T, out=out)
+            _blas.matmul(xa, w.T, out=out)
         if b is not None:
             out += b
     # a NaN/inf anywhere makes the sum non-finite; a finite sum proves a finite output

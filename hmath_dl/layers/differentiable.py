@@ -23,7 +23,7 @@ import contextlib
 
 import numpy as np
 
-from .. import _checks
+from .. import _blas, _checks
 from ..autodiff.core import ADTensor, as_adtensor, make_node, register_vjp
 from ..errors import MathError, ShapeError
 
@@ -107,9 +107,9 @@ def _vjp_dense(g, node, needs):
     g2 = g.reshape(-1, out)
     gx = gw = gb = None
     if needs[0]:
-        gx = np.matmul(g2, w.value).reshape(x.shape)
+        gx = _blas.matmul(g2, w.value).reshape(x.shape)
     if needs[1]:
-        gw = np.matmul(g2.T, x.value.reshape(-1, w.shape[1]))
+        gw = _blas.matmul(g2.T, x.value.reshape(-1, w.shape[1]))
     if len(needs) > 2 and needs[2]:
         gb = g2.sum(axis=0)
     return (gx, gw, gb)[:len(needs)]
@@ -201,17 +201,17 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
         dw = np.empty((Cout, Cg * KK))
         for gi in range(groups):
             rows = slice(gi * Cog, (gi + 1) * Cog)
-            dw[rows] = np.matmul(G[rows], cols[gi * Cg * KK:(gi + 1) * Cg * KK].T)
+            dw[rows] = _blas.matmul(G[rows], cols[gi * Cg * KK:(gi + 1) * Cg * KK].T)
         gw = dw.reshape(w_shape)
     if need_x:
         w2 = w.reshape(Cout, Cg * KK)
         if groups == 1:
-            dcols = np.matmul(w2.T, G)
+            dcols = _blas.matmul(w2.T, G)
         else:
             dcols = np.empty((C * KK, N * P))
             for gi in range(groups):
                 rows = slice(gi * Cog, (gi + 1) * Cog)
-                dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = np.matmul(w2[rows].T, G[rows])
+                dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = _blas.matmul(w2[rows].T, G[rows])
         dx = np.empty(xs)
         if dx.size:
             col2im(_c(dcols), *geo, _as5(dx))
