@@ -272,6 +272,44 @@ def _taps_1(acc, j, ln, xr, xb, sw, dw, wv, taps):
                 r[i] = _fma(a, z0[i], r[i])
 
 
+def _is_c1(a, dt):
+    """A 1-D C-contiguous array of dtype ``dt`` (the micro-kernels address data directly)."""
+    return isinstance(a, types.Array) and a.layout == "C" and a.ndim == 1 and a.dtype == dt
+
+
+def _emit_chain(context, builder, xd, xb, od, wd, wb, nk, CB, V):
+    """Emit the micro-kernel loop: for kk in 0 .. nk-1, load V 8-lane vectors of x at
+    ``xd + xb + od[kk] + 8v``, broadcast the CB weights ``wd[wb + kk*CB + j]`` and update
+    ``acc[j][v] = fma(w_j, x_v, acc[j][v])`` (accumulators start at 0.0).  Returns the
+    CB x V final accumulator values.  The accumulators live in allocas that LLVM promotes
+    to registers (24 of them fit the 32 vector registers of AVX-512 next to the loads)."""
+    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+    i64 = llvm_ir.IntType(64)
+    fma = cgutils.get_or_insert_function(
+        builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v%df64" % _VW)
+    zero = llvm_ir.Constant(vty, [0.0] * _VW)
+    slots = [[cgutils.alloca_once_value(builder, zero) for _ in range(V)] for _ in range(CB)]
+    undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+    lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+    px0 = builder.gep(xd, [xb])
+    pw0 = builder.gep(wd, [wb])
+    with cgutils.for_range(builder, nk) as loop:
+        kk = loop.index
+        px = builder.gep(px0, [builder.load(builder.gep(od, [kk]))])
+        xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * _VW)]),
+                                           vty.as_pointer()), align=8)
+              for v in range(V)]
+        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, CB))])
+        for j in range(CB):
+            wj = builder.load(builder.gep(pw, [llvm_ir.Constant(i64, j)]))
+            sp = builder.shuffle_vector(builder.insert_element(undef, wj, lane0), undef, zmask)
+            for v in range(V):
+                builder.store(builder.call(fma, [sp, xs[v], builder.load(slots[j][v])]),
+                              slots[j][v])
+    return [[builder.load(slots[j][v]) for v in range(V)] for j in range(CB)]
+
+
 def _make_micro(CB, V):
     """Build the register-tiled micro-kernel for ``CB`` output channels x ``V`` vectors of
     8 consecutive output positions (``CB * V`` 512-bit accumulators, at most 24 so that
@@ -289,11 +327,8 @@ def _make_micro(CB, V):
 
     @intrinsic
     def micro(typingctx, xf, xbase, offs, wpk, wbase, K, acc):
-        def c1(a, dt):
-            return (isinstance(a, types.Array) and a.layout == "C" and a.ndim == 1
-                    and a.dtype == dt)
-        if not (c1(xf, types.float64) and c1(wpk, types.float64) and c1(acc, types.float64)
-                and c1(offs, types.int64)):
+        if not (_is_c1(xf, types.float64) and _is_c1(wpk, types.float64)
+                and _is_c1(acc, types.float64) and _is_c1(offs, types.int64)):
             return None
         if not all(isinstance(t, types.Integer) for t in (xbase, wbase, K)):
             return None
@@ -304,39 +339,71 @@ def _make_micro(CB, V):
             xa, xb, oa, wa, wb, nk, aa = args
             vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
             i64 = llvm_ir.IntType(64)
-            fma = cgutils.get_or_insert_function(
-                builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]),
-                "llvm.fma.v%df64" % _VW)
-            xd = context.make_array(xft)(context, builder, xa).data
-            od = context.make_array(offt)(context, builder, oa).data
-            wd = context.make_array(wpkt)(context, builder, wa).data
+            accs = _emit_chain(context, builder,
+                               context.make_array(xft)(context, builder, xa).data, xb,
+                               context.make_array(offt)(context, builder, oa).data,
+                               context.make_array(wpkt)(context, builder, wa).data, wb, nk, CB, V)
             ad = context.make_array(acct)(context, builder, aa).data
-            zero = llvm_ir.Constant(vty, [0.0] * _VW)
-            slots = [[cgutils.alloca_once_value(builder, zero) for _ in range(V)]
-                     for _ in range(CB)]
-            undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-            zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
-            lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
-            px0 = builder.gep(xd, [xb])
-            pw0 = builder.gep(wd, [wb])
-            with cgutils.for_range(builder, nk) as loop:
-                kk = loop.index
-                px = builder.gep(px0, [builder.load(builder.gep(od, [kk]))])
-                xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * _VW)]),
-                                                   vty.as_pointer()), align=8)
-                      for v in range(V)]
-                pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, CB))])
-                for j in range(CB):
-                    wj = builder.load(builder.gep(pw, [llvm_ir.Constant(i64, j)]))
-                    sp = builder.shuffle_vector(builder.insert_element(undef, wj, lane0), undef, zmask)
-                    for v in range(V):
-                        builder.store(builder.call(fma, [sp, xs[v], builder.load(slots[j][v])]),
-                                      slots[j][v])
             for j in range(CB):
                 for v in range(V):
                     p = builder.gep(ad, [llvm_ir.Constant(i64, (j * V + v) * _VW)])
-                    builder.store(builder.load(slots[j][v]), builder.bitcast(p, vty.as_pointer()),
-                                  align=8)
+                    builder.store(accs[j][v], builder.bitcast(p, vty.as_pointer()), align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+def _make_micro_store(CB, V):
+    """Like :func:`_make_micro`, but the finished accumulators go straight to the output:
+    ``of[obase + j*ostride + i] = acc[j, i] (+ bias[bbase + j] when has_bias)`` for
+    ``j < nb`` (the real channels of the block), ``i < 8V`` -- one addition after the
+    chain, as in the scalar code.  The caller guarantees that every address read or
+    written is inside ``xf`` / ``of``."""
+
+    @intrinsic
+    def micro(typingctx, xf, xbase, offs, wpk, wbase, K, of, obase, ostride, nb, bias,
+              bbase, has_bias):
+        if not (_is_c1(xf, types.float64) and _is_c1(wpk, types.float64)
+                and _is_c1(of, types.float64) and _is_c1(bias, types.float64)
+                and _is_c1(offs, types.int64)):
+            return None
+        if not all(isinstance(t, types.Integer) for t in (xbase, wbase, K, obase, ostride, nb,
+                                                           bbase)):
+            return None
+        if not isinstance(has_bias, types.Boolean):
+            return None
+        i64t = types.int64
+        sig = types.void(xf, i64t, offs, wpk, i64t, i64t, of, i64t, i64t, i64t, bias, i64t,
+                         types.boolean)
+
+        def codegen(context, builder, signature, args):
+            xft, _, offt, wpkt, _, _, oft, _, _, _, bt, _, _ = signature.args
+            xa, xb, oa, wa, wb, nk, ofa, ob, ost, nbv, ba, bb, hb = args
+            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+            i64 = llvm_ir.IntType(64)
+            accs = _emit_chain(context, builder,
+                               context.make_array(xft)(context, builder, xa).data, xb,
+                               context.make_array(offt)(context, builder, oa).data,
+                               context.make_array(wpkt)(context, builder, wa).data, wb, nk, CB, V)
+            od = context.make_array(oft)(context, builder, ofa).data
+            bd = context.make_array(bt)(context, builder, ba).data
+            undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+            zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+            lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+            hbit = builder.trunc(hb, llvm_ir.IntType(1)) if hb.type != llvm_ir.IntType(1) else hb
+            for j in range(CB):
+                jc = llvm_ir.Constant(i64, j)
+                with builder.if_then(builder.icmp_signed("<", jc, nbv)):
+                    row = builder.gep(od, [builder.add(ob, builder.mul(jc, ost))])
+                    bj = builder.load(builder.gep(bd, [builder.add(bb, jc)]))
+                    bsp = builder.shuffle_vector(builder.insert_element(undef, bj, lane0), undef,
+                                                 zmask)
+                    for v in range(V):
+                        val = builder.select(hbit, builder.fadd(accs[j][v], bsp), accs[j][v])
+                        p = builder.gep(row, [llvm_ir.Constant(i64, v * _VW)])
+                        builder.store(val, builder.bitcast(p, vty.as_pointer()), align=8)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -348,6 +415,93 @@ _micro_8x3 = _make_micro(8, 3)     # 8 output channels x 24 positions
 _micro_4x6 = _make_micro(4, 6)     # 4 output channels x 48 positions
 _TILE_POS = 24                     # positions per tile when CB == 8 (48 when CB == 4)
 _TILES_PER_ITER = 8                # tiles per prange iteration
+
+
+_micro_6x4_store = _make_micro_store(6, 4)   # 6 output channels x 32 positions of one row
+_micro_6x3_store = _make_micro_store(6, 3)
+_micro_6x2_store = _make_micro_store(6, 2)
+_micro_6x1_store = _make_micro_store(6, 1)
+_micro_6x1 = _make_micro(6, 1)               # row remainders of fewer than 8 positions
+_ROW_CB = 6
+
+
+@kernel
+def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, out):
+    """Stride-1 grouped cross-correlation, output row by output row: the same sums as
+    :func:`conv_forward_tiled` (terms kk = ci' * KT + tap in order, one fused multiply-add
+    each from 0.0, then the bias), but every tile is up to 32 positions of ONE output row,
+    so the micro-kernel (:func:`_make_micro_store`, 6 channels x 8/16/24/32 positions)
+    stores its accumulators straight into ``out`` -- no "wide" positions past OW are
+    computed and nothing is scattered.  Row remainders of fewer than 8 positions and
+    tiles whose vector loads would run past ``xp`` take the 8-position micro-kernel into
+    a buffer, or the scalar chain.
+
+    ``xp [N, Cin, Dp, Hp, Wp]`` zero-padded input, ``wpk`` weights packed ``[G, nblk, K,
+    6]``, ``offs [G, K]`` term offsets in ``xp`` (channel base of the group included),
+    ``bias`` of length Cout (zeros when ``has_bias`` is False), ``out [N, Cout, OD, OH,
+    OW]``.  Parallel over (batch item, group, run of ``rows_per_it`` output rows)."""
+    N, Cin, Dp, Hp, Wp = xp.shape
+    Cout, OD, OH, OW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
+    G, K = offs.shape
+    CB = _ROW_CB
+    nblk = (Cog + CB - 1) // CB
+    xf = xp.reshape(-1)
+    of = out.reshape(-1)
+    xstride = Cin * Dp * Hp * Wp
+    oplane = OD * OH * OW
+    nrows = OD * OH
+    nit = (nrows + rows_per_it - 1) // rows_per_it
+    for t in prange(N * G * nit):
+        it = t % nit
+        r = t // nit
+        g = r % G
+        n = r // G
+        og = offs[g]
+        acc = np.empty(CB * _VW)
+        for row in range(it * rows_per_it, min(nrows, (it + 1) * rows_per_it)):
+            od = row // OH
+            oh = row % OH
+            xrow = n * xstride + (od * Hp + oh) * Wp
+            orow = od * OH * OW + oh * OW
+            c = 0
+            while c < OW:
+                cw = min(32, OW - c)
+                V = cw // _VW
+                if V == 0:
+                    cw = OW - c
+                xbase = xrow + c
+                safe = xbase + maxoff[g] + max(V, 1) * _VW <= xf.shape[0]
+                for b in range(nblk):
+                    wbase = ((g * nblk + b) * K) * CB
+                    nb = min(CB, Cog - b * CB)
+                    co0 = g * Cog + b * CB
+                    obase = (n * Cout + co0) * oplane + orow + c
+                    if safe and V == 4:
+                        _micro_6x4_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane, nb,
+                                         bias, co0, has_bias)
+                    elif safe and V == 3:
+                        _micro_6x3_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane, nb,
+                                         bias, co0, has_bias)
+                    elif safe and V == 2:
+                        _micro_6x2_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane, nb,
+                                         bias, co0, has_bias)
+                    elif safe and V == 1:
+                        _micro_6x1_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane, nb,
+                                         bias, co0, has_bias)
+                    else:
+                        if safe:
+                            _micro_6x1(xf, xbase, og, wpk, wbase, K, acc)
+                        ln = cw if V == 0 else V * _VW
+                        for j in range(nb):
+                            for i in range(ln):
+                                if safe:
+                                    a = acc[j * _VW + i]
+                                else:
+                                    a = 0.0
+                                    for kk in range(K):
+                                        a = _fma(wpk[wbase + kk * CB + j], xf[xbase + og[kk] + i], a)
+                                of[obase + j * oplane + i] = a + bias[co0 + j] if has_bias else a
+                c += cw if V == 0 else V * _VW
 
 
 @kernel
@@ -690,6 +844,16 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5):
     Cog = Cout // groups
     if s != (1, 1, 1) or Cog < 4:
         conv_forward(xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
+        return
+    if Cog >= _ROW_CB and out5.shape[4] >= 2 * _VW:
+        # long output rows: row tiles stored straight into the output
+        offs, maxoff, _, _ = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog,
+                                               out5.shape[2:])
+        bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
+        rows = out5.shape[2] * out5.shape[3]
+        conv_forward_rows(xp, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs,
+                          maxoff, bvec, has_bias, Cog, max(1, min(rows, 192 // out5.shape[4])),
+                          out5)
         return
     geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:])
     _launch_tiled(xp, w5.reshape(Cout, -1), Cog, geo, b, has_bias, out5)
