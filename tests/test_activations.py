@@ -163,3 +163,19 @@ def test_deterministic_across_threads():
         sys.stdout.buffer.write(dense(x[:3000].reshape(30, 100), w, x[:40]).tobytes())
         sys.stdout.buffer.write(embedding(w, np.arange(39, -1, -1).reshape(8, 5)).tobytes())
     """)
+
+
+def test_gelu_grid_accuracy():
+    # a dense deterministic grid over the whole non-trivial range of GELU and GELU',
+    # including the interval ends of the kernel's polynomial pieces (a = |x|/sqrt 2 in
+    # [0, 28]; the local form of GELU' on [-1, -0.5]) and the zero of GELU' (-0.75179...),
+    # where the two terms of Phi(x) + x phi(x) cancel
+    x = np.concatenate([np.linspace(-40.0, 40.0, 1601), np.linspace(-1.05, -0.45, 601),
+                        [-1.0, -0.5, np.nextafter(-1.0, -2.0), np.nextafter(-0.5, 0.0),
+                         -0.7517915246935645, -0.7517915246935644, -39.59, -39.6, 39.6]])
+    _close(activate(Activation.GELU, x), ref.activation("GELU", x), abs_floor=1e-300,
+           cond=_condition("GELU", x))
+    out = np.empty_like(x)
+    assert activation_derivative(Activation.GELU.value, x, out)
+    _close(out, ref.activation_derivative("GELU", x), ulps=64, abs_floor=1e-300,
+           cond=_condition("GELU", x) * (1 + np.abs(x)))
