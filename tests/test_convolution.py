@@ -291,6 +291,44 @@ def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, w
     assert_matches(tiled, ref, mag, w[0].size)
 
 
+BOUNDS_CASES = """
+import sys
+import numpy as np
+from hmath_dl._kernels.conv import conv_nd, conv_transpose_nd
+g = np.random.default_rng(14)
+outs = [
+    # a transposed phase shorter than the others, at the very end of the input
+    conv_transpose_nd(g.standard_normal((1, 1, 2)), g.standard_normal((1, 4, 2)), None,
+                      (2,), (1,), (1,), (1,), 1),
+    conv_transpose_nd(g.standard_normal((2, 3, 3, 5)), g.standard_normal((3, 9, 3, 2)), None,
+                      (3, 2), (1, 0), (1, 1), (2, 1), 1),
+    # row tiles with remainders, wide tiles, both ending at the last input element
+    conv_nd(g.standard_normal((1, 2, 3, 45)), g.standard_normal((7, 2, 2, 3)), None,
+            (1, 1), (0, 0), (1, 1), 1),
+    conv_nd(g.standard_normal((1, 2, 4, 6)), g.standard_normal((5, 2, 3, 3)), None,
+            (1, 1), (0, 0), (1, 1), 1),
+]
+for o in outs:
+    sys.stdout.buffer.write(o.tobytes())
+"""
+
+
+def test_tiled_kernels_stay_in_bounds():
+    """With numba's bounds checking on (and the cache off, so that it applies), every
+    scalar fallback of the tiled kernels indexes inside its arrays; the results are the
+    same bytes as the normal build's."""
+    import os
+    import subprocess
+    import sys
+    from tests.helpers import ROOT, run_with_threads
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", HMATH_DL_NO_CACHE="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", BOUNDS_CASES], env=env, capture_output=True,
+                         timeout=600, check=False)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert out.stdout == run_with_threads(BOUNDS_CASES, 2)
+
+
 # --------------------------------------------------------------------------- input handling
 def test_inputs_not_mutated_and_any_array_like_accepted():
     g = np.random.default_rng(5)

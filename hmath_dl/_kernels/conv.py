@@ -560,11 +560,14 @@ def _tile_group(xf, xbase, og, dg, maxoff, wpk, g, nblk, K, CB, VL, p0, ln, bias
             else:
                 _micro_4x6(xf, xbase, og, wpk, wbase, K, acc)
         else:
+            # only positions that land in the output: a dropped position of a short phase
+            # could read past the end of xf
             for j in range(CB):
                 for i in range(ln):
                     a = 0.0
-                    for kk in range(K):
-                        a = _fma(wpk[wbase + kk * CB + j], xf[xbase + og[kk] + i], a)
+                    if dg[p0 + i] >= 0:
+                        for kk in range(K):
+                            a = _fma(wpk[wbase + kk * CB + j], xf[xbase + og[kk] + i], a)
                     acc[j * VL + i] = a
         nb = min(CB, Cog - b * CB)
         for j in range(nb):
