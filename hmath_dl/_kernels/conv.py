@@ -848,8 +848,10 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5):
     if s != (1, 1, 1) or Cog < 4:
         conv_forward(xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return
-    if Cog >= _ROW_CB and out5.shape[4] >= 2 * _VW:
-        # long output rows: row tiles stored straight into the output
+    OW = out5.shape[4]
+    if Cog >= _ROW_CB and (OW >= 2 * _VW or (OW > 0 and OW % _VW == 0)):
+        # rows of whole 8-position vectors, or long ones: row tiles stored straight into
+        # the output (short ragged rows do better in the wide layout)
         offs, maxoff, _, _ = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog,
                                                out5.shape[2:])
         bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
