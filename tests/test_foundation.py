@@ -119,6 +119,26 @@ def test_nonfinite_detection_large_array_uses_kernel_and_names_index():
     assert _checks.is_finite(y)  # large finite values are not mistaken for inf
 
 
+def test_all_finite_kernel_against_numpy_on_every_kind_of_non_finite_pattern():
+    """The exponent-field scan agrees with np.isfinite for NaN (quiet, signalling,
+    negative, any payload) and +-inf at chunk boundaries and elsewhere, and never flags
+    the largest finite numbers, subnormals or signed zeros."""
+    from hmath_dl._kernels.checks import _CHUNK, all_finite
+    g = np.random.default_rng(3)
+    base = g.standard_normal(3 * _CHUNK + 17)
+    base[:4] = [np.finfo(np.float64).max, -np.finfo(np.float64).max, 5e-324, -0.0]
+    assert all_finite(base)
+    specials = np.array([0x7FF0000000000000, 0xFFF0000000000000, 0x7FF8000000000000,
+                         0xFFF8000000000000, 0x7FF0000000000001, 0x7FFFFFFFFFFFFFFF,
+                         0xFFF4000000000000], dtype=np.uint64).view(np.float64)
+    for pos in (0, 1, _CHUNK - 1, _CHUNK, 2 * _CHUNK + 5, base.size - 1):
+        for v in specials:
+            a = base.copy()
+            a[pos] = v
+            assert all_finite(a) == bool(np.isfinite(a).all()) == False  # noqa: E712
+    assert all_finite(np.zeros(0))
+
+
 def test_scalar_checks():
     assert _checks.integer("f", "n", np.int32(4), min=1) == 4
     with pytest.raises(TypeError):
