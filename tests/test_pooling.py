@@ -272,3 +272,20 @@ def test_adaptive_output_larger_than_a_unit_axis():
     x2 = x.reshape(2, 3, 1, 4)
     for mode in PoolMode:
         check(adaptive_pooling(mode, (3, 2), x2), adaptive_pool_reference(mode is PoolMode.MAX, x2, (3, 2)), x2, mode)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (2, 3, 4, 5), (1, 2, 3, 4, 5)])
+def test_global_pooling_reports_any_nonfinite_input(shape):
+    # every position of every plane is checked (MAX would otherwise skip -inf and NaN)
+    rng = np.random.default_rng(11)
+    for bad in (np.nan, np.inf, -np.inf):
+        for _ in range(6):
+            x = rng.standard_normal(shape)
+            x[tuple(int(rng.integers(0, s)) for s in shape)] = bad
+            for mode in PoolMode:
+                with pytest.raises(NonFiniteError, match=r"^global_pooling: "):
+                    global_pooling(mode, x)
+    with pytest.raises(NumericOverflow, match=r"^global_pooling: "):
+        global_pooling(PoolMode.AVERAGE, np.full(shape, 1e308))
+    assert np.array_equal(global_pooling(PoolMode.MAX, np.full(shape, 1e308)),
+                          np.full(shape[:2], 1e308))

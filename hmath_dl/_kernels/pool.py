@@ -11,6 +11,8 @@ facade guarantees ``lo[i] < hi[i]``).  The window of output ``(od, oh, ow)`` is 
   separably: along D, then H, then W.  For max this is exactly the box maximum; for the
   average the sum is formed in the fixed order (d, then h, then w) and divided once by
   the element count.
+* :func:`global_pool` - the whole-plane case of :func:`pool_boxes` (same numbers), with
+  no per-plane allocations.
 * :func:`max_pool_argmax` - box maximum together with the flat index ``d*H*W + h*W + w``
   (within the input's spatial volume of that (n, c)) of its winner: the FIRST maximum in
   window order (d, then h, then w, ascending).  Meant for the max-pooling backward pass
@@ -109,18 +111,103 @@ def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max, out):
                     row = o[od, oh]
                     for ow in range(OW):
                         row[ow] = row[ow] / (ch * (hi_w[ow] - lo_w[ow]))
-        # x * 0 is NaN exactly for NaN/inf x: one branch-free pass over the cached plane
-        z = 0.0
+        # x * 0 is NaN exactly for NaN/inf x: one pass over the cached plane, counting in
+        # an integer (an integer sum vectorises; a float sum would be one serial chain)
+        nbad = 0
         flat = plane.reshape(D * H * W)
         for i in range(D * H * W):
-            z += flat[i] * 0.0
+            nbad += flat[i] * 0.0 != 0.0
         if not is_max:
             of = o.reshape(OD * OH * OW)
             for i in range(OD * OH * OW):
-                z += of[i] * 0.0
-        if z != 0.0:
+                nbad += of[i] * 0.0 != 0.0
+        if nbad != 0:
             bad += 1
     return bad
+
+
+@kernel
+def global_pool(x, is_max, out):
+    """Global max or average of every plane of ``x [P, D, H, W]`` into ``out [P]``: the
+    same numbers as :func:`pool_boxes` with whole-axis boxes (reduce along D, then H,
+    both elementwise over contiguous rows, then along W; the average divides the sum
+    once by ``D*H*W``), without its per-plane scratch allocations.  Planes are processed
+    in a fixed number of contiguous chunks (one scratch buffer each).  Returns the number
+    of planes with a NaN/inf input (or, for the average, a non-finite result)."""
+    P, D, H, W = x.shape
+    nch = min(P, 256)
+    bad = np.zeros(nch, dtype=np.int64)
+    count = D * H * W
+    for ch in prange(nch):
+        p0 = ch * P // nch
+        p1 = (ch + 1) * P // nch
+        t1 = np.empty((H, W))
+        t2 = np.empty(W)
+        nb = 0
+        for pl in range(p0, p1):
+            plane = x[pl]
+            # x * 0 is NaN exactly for NaN/inf x: counted (an integer sum vectorises) in
+            # the loops that read x anyway
+            n_nonfinite = 0
+            if D == 1:
+                src = plane[0]
+            else:
+                first = plane[0]
+                for h in range(H):
+                    for w in range(W):
+                        t1[h, w] = first[h, w]
+                        n_nonfinite += first[h, w] * 0.0 != 0.0
+                for d in range(1, D):
+                    nxt = plane[d]
+                    for h in range(H):
+                        a = t1[h]
+                        b = nxt[h]
+                        if is_max:
+                            for w in range(W):
+                                n_nonfinite += b[w] * 0.0 != 0.0
+                                if b[w] > a[w]:
+                                    a[w] = b[w]
+                        else:
+                            for w in range(W):
+                                n_nonfinite += b[w] * 0.0 != 0.0
+                                a[w] += b[w]
+                src = t1
+            chk = D == 1  # the D == 1 rows are x itself: check them here
+            r0 = src[0]
+            for w in range(W):
+                t2[w] = r0[w]
+                if chk:
+                    n_nonfinite += r0[w] * 0.0 != 0.0
+            for h in range(1, H):
+                b = src[h]
+                if is_max:
+                    for w in range(W):
+                        if chk:
+                            n_nonfinite += b[w] * 0.0 != 0.0
+                        if b[w] > t2[w]:
+                            t2[w] = b[w]
+                else:
+                    for w in range(W):
+                        if chk:
+                            n_nonfinite += b[w] * 0.0 != 0.0
+                        t2[w] += b[w]
+            v = t2[0]
+            if is_max:
+                for w in range(1, W):
+                    if t2[w] > v:
+                        v = t2[w]
+            else:
+                for w in range(1, W):
+                    v += t2[w]
+                v = v / count
+            out[pl] = v
+            if n_nonfinite != 0 or v * 0.0 != 0.0:
+                nb += 1
+        bad[ch] = nb
+    total = 0
+    for ch in range(nch):
+        total += bad[ch]
+    return total
 
 
 @kernel
