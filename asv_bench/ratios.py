@@ -23,6 +23,7 @@ import datetime
 import os
 import platform
 import sys
+import time
 import timeit
 
 import numpy as np
@@ -349,12 +350,23 @@ def calibrate(fn, target=0.1):
         n = max(n * 2, int(n * target / max(t, 1e-9)) + 1) if t > 0.01 else n * 10
 
 
+SETTLE = 0.02  # seconds of idleness before each timing loop
+
+
 def measure(ours, peer, repeats):
+    """Best per-call times of ``ours`` and ``peer``, interleaved.  Before every timing
+    loop the process idles for ``SETTLE`` seconds: after a parallel region, OpenMP and
+    OpenBLAS worker threads spin for a while before they sleep, and on a 2-core machine
+    the previous library's spinning workers would otherwise steal the cores from the next
+    one's first calls (measured: up to 16 ms added to a 0.1 ms call).  Both sides get the
+    same pause, so neither pays for the other's threads."""
     ours(), peer()  # compile / load, warm caches
     no, npeer = calibrate(ours), calibrate(peer)
     to, tp = [], []
     for _ in range(repeats):
+        time.sleep(SETTLE)
         to.append(per_call(ours, no))
+        time.sleep(SETTLE)
         tp.append(per_call(peer, npeer))
     return min(to), min(tp)
 
