@@ -246,13 +246,20 @@ def _out5(a):
     return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
 
 
+def readonly(a):
+    """``a`` typed read-only (an O(1) view when ``a`` is writeable): kernel inputs are
+    always passed read-only, so each kernel has a single compiled specialisation and
+    read-only inputs (e.g. autodiff tape values) are never copied."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
 def _as5(a):
-    """Rank-5 view (unit spatial axes inserted after N, C); read-only arrays are copied so
-    that each kernel has a single compiled specialisation."""
-    if not a.flags.writeable:
-        a = a.copy()
+    """Read-only rank-5 view of an input (unit spatial axes inserted after N, C)."""
     extra = 5 - a.ndim
-    return a.reshape(a.shape[:2] + (1,) * extra + a.shape[2:])
+    return readonly(a.reshape(a.shape[:2] + (1,) * extra + a.shape[2:]))
 
 
 def _bounds3(bounds):

@@ -55,6 +55,25 @@ def _c(g):
     return np.ascontiguousarray(g, dtype=np.float64)
 
 
+def _ro(a):
+    """``a`` typed read-only for a kernel input (an O(1) view, never a copy): every call
+    compiles to the same specialisation, and read-only tape values are not copied."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def _w5(a):
+    """Rank-5 view of a (writeable) kernel output: unit spatial axes after N, C."""
+    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
+
+
+def _ro5(a):
+    """Read-only rank-5 view of a kernel input."""
+    return _ro(_w5(a))
+
+
 def _tuple(value, r):
     if isinstance(value, (int, np.integer)):
         return (int(value),) * r
@@ -178,7 +197,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
     """
     from .._kernels.backward import channels_first, col2im, im2col
-    from .._kernels.conv import _as5, _pad3  # the conv kernels' own view helpers
+    from .._kernels.conv import _pad3
     r = x.ndim - 2
     xs = x.shape
     N, C = xs[0], xs[1]
@@ -192,12 +211,12 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     geo = K + s3 + d3 + p3 + O
     G = np.empty((Cout, N * P))
     if G.size:
-        channels_first(_c(g).reshape(N, Cout, P), G)
+        channels_first(_ro(_c(g).reshape(N, Cout, P)), G)
     gx = gw = None
     if need_w:
         cols = np.empty((C * KK, N * P))
         if cols.size:
-            im2col(_as5(x), *geo, cols)
+            im2col(_ro5(x), *geo, cols)
         dw = np.empty((Cout, Cg * KK))
         for gi in range(groups):
             rows = slice(gi * Cog, (gi + 1) * Cog)
@@ -214,7 +233,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
                 dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = _blas.matmul(w2[rows].T, G[rows])
         dx = np.empty(xs)
         if dx.size:
-            col2im(_c(dcols), *geo, _as5(dx))
+            col2im(_ro(_c(dcols)), *geo, _w5(dx))
         gx = dx
     return gx, gw
 
@@ -332,14 +351,14 @@ def pooling_ad(mode, window, stride, padding, x):
 
 def _vjp_pooling(g, node, needs):
     from .._kernels.backward import pool_backward
-    from .._kernels.conv import _as5, _pad3
+    from .._kernels.conv import _pad3
     x = node.parents[0]
     is_max, k, s, p = node.ctx
     k, s, p = _pad3(k, 1), _pad3(s, 1), _pad3(p, 0)
     dx = np.empty(x.shape)
     if dx.size:
-        pool_backward(_as5(x.value), _as5(_c(g)), is_max, k[0], k[1], k[2], s[0], s[1], s[2],
-                      p[0], p[1], p[2], _as5(dx))
+        pool_backward(_ro5(x.value), _ro5(_c(g)), is_max, k[0], k[1], k[2], s[0], s[1], s[2],
+                      p[0], p[1], p[2], _w5(dx))
     return (dx,)
 
 
