@@ -329,6 +329,21 @@ def test_tiled_kernels_stay_in_bounds():
     assert out.stdout == run_with_threads(BOUNDS_CASES, 2)
 
 
+@pytest.mark.parametrize("col", [0, 20, 33, 41, 42])
+def test_row_tiled_kernel_reports_a_single_overflowing_output(col):
+    """The row-tiled path checks finiteness as it stores (no second pass): one overflowing
+    output anywhere -- in a 32-, 8- or remainder tile -- must still raise."""
+    x = np.ones((1, 1, 1, 45))
+    x[0, 0, 0, col + 1] = 1e300
+    w = np.full((6, 1, 1, 3), 1.0)
+    w[:, 0, 0, 1] = 1e10
+    with pytest.raises(NumericOverflow, match=r"^convolution: "):
+        convolution(ConvOptions(1, 0, 1), x, w, None)
+    w[:, 0, 0, 1] = 1.0
+    y = convolution(ConvOptions(1, 0, 1), x, w, None)
+    assert np.isfinite(y).all() and y.shape == (1, 6, 1, 43)
+
+
 # --------------------------------------------------------------------------- input handling
 def test_inputs_not_mutated_and_any_array_like_accepted():
     g = np.random.default_rng(5)

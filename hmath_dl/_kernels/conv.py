@@ -359,8 +359,9 @@ def _make_micro_store(CB, V):
     """Like :func:`_make_micro`, but the finished accumulators go straight to the output:
     ``of[obase + j*ostride + i] = acc[j, i] (+ bias[bbase + j] when has_bias)`` for
     ``j < nb`` (the real channels of the block), ``i < 8V`` -- one addition after the
-    chain, as in the scalar code.  The caller guarantees that every address read or
-    written is inside ``xf`` / ``of``."""
+    chain, as in the scalar code.  Returns True iff every stored value is finite (so the
+    caller needs no second pass over the output).  The caller guarantees that every
+    address read or written is inside ``xf`` / ``of``."""
 
     @intrinsic
     def micro(typingctx, xf, xbase, offs, wpk, wbase, K, of, obase, ostride, nb, bias,
@@ -375,8 +376,8 @@ def _make_micro_store(CB, V):
         if not isinstance(has_bias, types.Boolean):
             return None
         i64t = types.int64
-        sig = types.void(xf, i64t, offs, wpk, i64t, i64t, of, i64t, i64t, i64t, bias, i64t,
-                         types.boolean)
+        sig = types.boolean(xf, i64t, offs, wpk, i64t, i64t, of, i64t, i64t, i64t, bias, i64t,
+                            types.boolean)
 
         def codegen(context, builder, signature, args):
             xft, _, offt, wpkt, _, _, oft, _, _, _, bt, _, _ = signature.args
@@ -393,6 +394,11 @@ def _make_micro_store(CB, V):
             zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
             lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
             hbit = builder.trunc(hb, llvm_ir.IntType(1)) if hb.type != llvm_ir.IntType(1) else hb
+            # finiteness of what is stored: the max of the exponent fields (all ones only
+            # for NaN/inf), kept as a vector and reduced once at the end
+            ity = llvm_ir.VectorType(i64, _VW)
+            expm = llvm_ir.Constant(ity, [0x7FF0000000000000] * _VW)
+            mx = cgutils.alloca_once_value(builder, llvm_ir.Constant(ity, [0] * _VW))
             for j in range(CB):
                 jc = llvm_ir.Constant(i64, j)
                 with builder.if_then(builder.icmp_signed("<", jc, nbv)):
@@ -400,11 +406,21 @@ def _make_micro_store(CB, V):
                     bj = builder.load(builder.gep(bd, [builder.add(bb, jc)]))
                     bsp = builder.shuffle_vector(builder.insert_element(undef, bj, lane0), undef,
                                                  zmask)
+                    m = builder.load(mx)
                     for v in range(V):
                         val = builder.select(hbit, builder.fadd(accs[j][v], bsp), accs[j][v])
                         p = builder.gep(row, [llvm_ir.Constant(i64, v * _VW)])
                         builder.store(val, builder.bitcast(p, vty.as_pointer()), align=8)
-            return context.get_dummy_value()
+                        e = builder.and_(builder.bitcast(val, ity), expm)
+                        m = builder.select(builder.icmp_unsigned(">", e, m), e, m)
+                    builder.store(m, mx)
+            m = builder.load(mx)
+            bad = builder.icmp_unsigned("==", m, expm)
+            anybad = builder.extract_element(bad, lane0)
+            for lane in range(1, _VW):
+                anybad = builder.or_(anybad, builder.extract_element(
+                    bad, llvm_ir.Constant(llvm_ir.IntType(32), lane)))
+            return builder.not_(anybad)
 
         return sig, codegen
 
@@ -439,7 +455,8 @@ def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, o
     ``xp [N, Cin, Dp, Hp, Wp]`` zero-padded input, ``wpk`` weights packed ``[G, nblk, K,
     6]``, ``offs [G, K]`` term offsets in ``xp`` (channel base of the group included),
     ``bias`` of length Cout (zeros when ``has_bias`` is False), ``out [N, Cout, OD, OH,
-    OW]``.  Parallel over (batch item, group, run of ``rows_per_it`` output rows)."""
+    OW]``.  Parallel over (batch item, group, run of ``rows_per_it`` output rows).
+    Returns True iff every output is finite (checked as it is stored)."""
     N, Cin, Dp, Hp, Wp = xp.shape
     Cout, OD, OH, OW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
     G, K = offs.shape
@@ -451,12 +468,14 @@ def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, o
     oplane = OD * OH * OW
     nrows = OD * OH
     nit = (nrows + rows_per_it - 1) // rows_per_it
+    finite = np.ones(N * G * nit, dtype=np.bool_)
     for t in prange(N * G * nit):
         it = t % nit
         r = t // nit
         g = r % G
         n = r // G
         og = offs[g]
+        ok = True
         acc = np.empty(CB * _VW)
         for row in range(it * rows_per_it, min(nrows, (it + 1) * rows_per_it)):
             od = row // OH
@@ -477,17 +496,17 @@ def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, o
                     co0 = g * Cog + b * CB
                     obase = (n * Cout + co0) * oplane + orow + c
                     if safe and V == 4:
-                        _micro_6x4_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane, nb,
-                                         bias, co0, has_bias)
+                        ok &= _micro_6x4_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane,
+                                               nb, bias, co0, has_bias)
                     elif safe and V == 3:
-                        _micro_6x3_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane, nb,
-                                         bias, co0, has_bias)
+                        ok &= _micro_6x3_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane,
+                                               nb, bias, co0, has_bias)
                     elif safe and V == 2:
-                        _micro_6x2_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane, nb,
-                                         bias, co0, has_bias)
+                        ok &= _micro_6x2_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane,
+                                               nb, bias, co0, has_bias)
                     elif safe and V == 1:
-                        _micro_6x1_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane, nb,
-                                         bias, co0, has_bias)
+                        ok &= _micro_6x1_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane,
+                                               nb, bias, co0, has_bias)
                     else:
                         if safe:
                             _micro_6x1(xf, xbase, og, wpk, wbase, K, acc)
@@ -500,8 +519,12 @@ def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, o
                                     a = 0.0
                                     for kk in range(K):
                                         a = _fma(wpk[wbase + kk * CB + j], xf[xbase + og[kk] + i], a)
-                                of[obase + j * oplane + i] = a + bias[co0 + j] if has_bias else a
+                                v = a + bias[co0 + j] if has_bias else a
+                                of[obase + j * oplane + i] = v
+                                ok &= np.isfinite(v)
                 c += cw if V == 0 else V * _VW
+        finite[t] = ok
+    return finite.all()
 
 
 @kernel
@@ -842,12 +865,13 @@ def _pad3(t, fill):
 def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5):
     """Run the forward kernel on the padded rank-5 input ``xp``: the register-tiled one
     (:func:`conv_forward_tiled`) for stride 1 and at least 4 output channels per group,
-    else :func:`conv_forward`.  Both sum the same terms in the same order (same bits)."""
+    else :func:`conv_forward`.  Both sum the same terms in the same order (same bits).
+    Returns whether every output is finite when the kernel checked it, else None."""
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
     if s != (1, 1, 1) or Cog < 4:
         conv_forward(xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
-        return
+        return None
     OW = out5.shape[4]
     if Cog >= _ROW_CB and (OW >= 2 * _VW or (OW > 0 and OW % _VW == 0)):
         # rows of whole 8-position vectors, or long ones: row tiles stored straight into
@@ -856,12 +880,12 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5):
                                                out5.shape[2:])
         bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
         rows = out5.shape[2] * out5.shape[3]
-        conv_forward_rows(xp, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs,
-                          maxoff, bvec, has_bias, Cog, max(1, min(rows, 192 // out5.shape[4])),
-                          out5)
-        return
+        return bool(conv_forward_rows(
+            xp, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs, maxoff, bvec,
+            has_bias, Cog, max(1, min(rows, 192 // out5.shape[4])), out5))
     geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:])
     _launch_tiled(xp, w5.reshape(Cout, -1), Cog, geo, b, has_bias, out5)
+    return None
 
 
 @functools.lru_cache(maxsize=128)
@@ -879,13 +903,16 @@ def _forward_geometry(grid, K3, d, groups, Cg, Cog, O):
     return _geometry(offs, np.arange(groups, dtype=np.int64) * Cog, dst)
 
 
-def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None):
+def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_finite=False):
     """Forward convolution on validated arrays (see module docstring).
 
     ``x [N, Cin, *S]``, ``w [Cout, Cin/groups, *K]``, ``bias`` a float64 vector of length
     Cout or None; ``stride``/``padding``/``dilation`` tuples with one int per spatial axis.
     ``out`` (optional) a preallocated C-contiguous float64 array of the output shape.
-    Returns the output (non-finite values are NOT checked here).
+    Returns the output.  Non-finite values are not rejected here; with
+    ``report_finite=True`` it returns ``(out, finite)`` where ``finite`` is True/False
+    when the kernel checked every output as it stored it (the row-tiled path), else None
+    (the caller must scan).
     """
     r = x.ndim - 2
     s = _pad3(stride, 1)
@@ -907,9 +934,10 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None):
     else:
         xp = x5
     b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
+    finite = None
     if out.size:
-        _launch_forward(xp, w5, b, bias is not None, int(groups), s, d, _out5(out))
-    return out
+        finite = _launch_forward(xp, w5, b, bias is not None, int(groups), s, d, _out5(out))
+    return (out, finite) if report_finite else out
 
 
 def _phase_taps(K, s, d):

@@ -133,8 +133,13 @@ def _forward(fname, x, w, bias, stride, padding, dilation, groups):
     if any(padding):
         _checks.check_size(fname, x.shape[:2] + tuple(S[a] + 2 * padding[a] for a in range(len(S))))
     out = _checks.alloc(fname, (x.shape[0], w.shape[0]) + O)
-    conv_nd(x, w, bias, stride, padding, dilation, groups, out=out)
-    return _finite_result(fname, out)
+    _, finite = conv_nd(x, w, bias, stride, padding, dilation, groups, out=out,
+                        report_finite=True)
+    if finite is None:          # this kernel path did not check: scan the output
+        return _finite_result(fname, out)
+    if not finite:
+        _finite_result(fname, out)      # raises NumericOverflow with the usual message
+    return out
 
 
 # --------------------------------------------------------------------------- public
