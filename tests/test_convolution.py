@@ -239,20 +239,20 @@ def test_register_tiled_path_matches_reference_on_larger_shapes():
 
 @given(conv_cases(), conv_cases(transposed=True))
 def test_register_tiled_kernel_gives_the_generic_kernels_bits(c, t):
-    """The tiled micro-kernel and the generic direct kernel sum the same terms in the same
-    order (one fused multiply-add each), so they must agree bit for bit."""
+    """The tiled micro-kernels (strided convolutions through the phase split) and the
+    generic direct kernel sum the same terms in the same order (one fused multiply-add
+    each), so they must agree bit for bit."""
     from hmath_dl._kernels import conv as K
     x, w, b = c["x"], c["w"], c["bias"]
-    if all(v == 1 for v in c["s"]):
-        p3 = K._pad3(c["p"], 0)
-        x5 = K._as5(x)
-        xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
-        xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
-        tiled = conv_nd(x, w, b, c["s"], c["p"], c["d"], c["groups"])
-        generic = np.empty_like(tiled)
-        K.conv_forward(xp, K._as5(w), b if b is not None else np.zeros(1), b is not None,
-                       c["groups"], 1, 1, 1, *K._pad3(c["d"], 1), K._out5(generic))
-        assert tiled.tobytes() == generic.tobytes()
+    p3 = K._pad3(c["p"], 0)
+    x5 = K._as5(x)
+    xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
+    xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
+    tiled = conv_nd(x, w, b, c["s"], c["p"], c["d"], c["groups"])   # strided: phase split
+    generic = np.empty_like(tiled)
+    K.conv_forward(xp, K._as5(w), b if b is not None else np.zeros(1), b is not None,
+                   c["groups"], *K._pad3(c["s"], 1), *K._pad3(c["d"], 1), K._out5(generic))
+    assert tiled.tobytes() == generic.tobytes()
     x, w, b, groups = t["x"], t["w"], t["bias"], t["groups"]
     O = tuple((x.shape[2 + a] - 1) * t["s"][a] - 2 * t["p"][a] + t["d"][a] * (w.shape[2 + a] - 1)
               + t["op"][a] + 1 for a in range(x.ndim - 2))
@@ -307,6 +307,11 @@ outs = [
             (1, 1), (0, 0), (1, 1), 1),
     conv_nd(g.standard_normal((1, 2, 4, 6)), g.standard_normal((5, 2, 3, 3)), None,
             (1, 1), (0, 0), (1, 1), 1),
+    # strided: the phase-split input, rows and wide layouts
+    conv_nd(g.standard_normal((2, 3, 7, 37)), g.standard_normal((6, 3, 3, 2)), None,
+            (2, 1), (1, 0), (1, 2), 1),
+    conv_nd(g.standard_normal((1, 2, 5, 9)), g.standard_normal((4, 1, 2, 3)), None,
+            (3, 2), (1, 1), (1, 1), 2),
 ]
 for o in outs:
     sys.stdout.buffer.write(o.tobytes())

@@ -692,6 +692,55 @@ def pad_input(x, pd, ph, pw, out):
 
 
 @kernel
+def pad_split(x, pd, ph, pw, sd, sh, sw, ud, uh, uw, out):
+    """Zero-pad ``x [N, C, D, H, W]`` by (pd, ph, pw) on both sides and split every axis
+    into the stride phases that are used (residues ``ud``/``uh``/``uw``, int64 arrays):
+    ``out[n, c*P + (a*len(uh) + b)*len(uw) + e, qd, qh, qw] = xpad[n, c, qd*sd + ud[a],
+    qh*sh + uh[b], qw*sw + uw[e]]`` (zero where that is padding or past the padded extent),
+    ``P = len(ud)*len(uh)*len(uw)``.  A strided correlation on ``xpad`` is then a stride-1
+    one on the phases: ``xpad[o*s + k*d] = phase_{(k*d) mod s}[o + (k*d) div s]``.
+    Every element of ``out`` is written once; parallel over output planes."""
+    N, C, D, H, W = x.shape
+    nh, nw = uh.shape[0], uw.shape[0]
+    P = ud.shape[0] * nh * nw
+    Dq, Hq, Wq = out.shape[2], out.shape[3], out.shape[4]
+    for t in prange(N * C * P):
+        f = t % P
+        r = t // P
+        c = r % C
+        n = r // C
+        rd = ud[f // (nh * nw)]
+        rh = uh[(f // nw) % nh]
+        rw = uw[f % nw]
+        for qd in range(Dq):
+            i = qd * sd + rd - pd
+            for qh in range(Hq):
+                j = qh * sh + rh - ph
+                row = out[n, c * P + f, qd, qh]
+                if i < 0 or i >= D or j < 0 or j >= H:
+                    for qw in range(Wq):
+                        row[qw] = 0.0
+                else:
+                    src = x[n, c, i, j]
+                    # qw*sw + rw - pw inside [0, W) exactly for q0 <= qw < q1
+                    q0 = min(Wq, max(0, (pw - rw + sw - 1) // sw))
+                    q1 = max(q0, min(Wq, (W + pw - rw + sw - 1) // sw))
+                    for qw in range(q0):
+                        row[qw] = 0.0
+                    base = rw - pw
+                    for qw in range(q0, q1):
+                        row[qw] = src[qw * sw + base]
+                    for qw in range(q1, Wq):
+                        row[qw] = 0.0
+
+
+def _used_residues(K, s, d):
+    """Per axis, the sorted residues ``(k*d) mod s`` that some tap k reads (the phases
+    :func:`pad_split` must materialise)."""
+    return tuple(tuple(sorted({(k * d[a]) % s[a] for k in range(K[a])})) for a in range(3))
+
+
+@kernel
 def conv_forward(xp, w, bias, has_bias, groups, sd, sh, sw, dd, dh, dw, out):
     """Direct grouped cross-correlation of the zero-padded input ``xp [N, Cin, Dp, Hp, Wp]``
     with ``w [Cout, Cin/groups, KD, KH, KW]`` into ``out [N, Cout, OD, OH, OW]``:
@@ -862,42 +911,55 @@ def _pad3(t, fill):
     return (fill,) * (3 - len(t)) + t
 
 
-def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5):
-    """Run the forward kernel on the padded rank-5 input ``xp``: the register-tiled one
-    (:func:`conv_forward_tiled`) for stride 1 and at least 4 output channels per group,
-    else :func:`conv_forward`.  Both sum the same terms in the same order (same bits).
+def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5, split=None):
+    """Run the forward kernel on the padded rank-5 input ``xp`` -- or, with ``split`` (the
+    strides), on its stride phases laid out by :func:`pad_split`: a register-tiled one
+    (:func:`conv_forward_rows` / :func:`conv_forward_tiled`) for stride 1 or split input
+    and at least 4 output channels per group, else :func:`conv_forward`.  Both sum the same terms in the same order (same bits).
     Returns whether every output is finite when the kernel checked it, else None."""
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
-    if s != (1, 1, 1) or Cog < 4:
+    if (s != (1, 1, 1) and split is None) or Cog < 4:
         conv_forward(xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return None
+    split = split or (1, 1, 1)
     OW = out5.shape[4]
     if Cog >= _ROW_CB and (OW >= 2 * _VW or (OW > 0 and OW % _VW == 0)):
         # rows of whole 8-position vectors, or long ones: row tiles stored straight into
         # the output (short ragged rows do better in the wide layout)
         offs, maxoff, _, _ = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog,
-                                               out5.shape[2:])
+                                               out5.shape[2:], split)
         bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
         rows = out5.shape[2] * out5.shape[3]
         return bool(conv_forward_rows(
             xp, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs, maxoff, bvec,
             has_bias, Cog, max(1, min(rows, 192 // out5.shape[4])), out5))
-    geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:])
+    geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:],
+                            split)
     _launch_tiled(xp, w5.reshape(Cout, -1), Cog, geo, b, has_bias, out5)
     return None
 
 
 @functools.lru_cache(maxsize=128)
-def _forward_geometry(grid, K3, d, groups, Cg, Cog, O):
-    """Term offsets and output map of a stride-1 forward convolution on the padded grid
-    ``grid`` (cached: a training loop repeats the same shapes)."""
-    Dp, Hp, Wp = grid
-    # term kk = ci' * KT + (kd*KH + kh)*KW + kw: its offset in xp
-    taps = (np.arange(K3[0])[:, None, None] * (d[0] * Hp * Wp)
-            + np.arange(K3[1])[None, :, None] * (d[1] * Wp)
-            + np.arange(K3[2])[None, None, :] * d[2]).reshape(-1)
-    chan = np.arange(groups * Cg, dtype=np.int64).reshape(groups, Cg) * (Dp * Hp * Wp)
+def _forward_geometry(grid, K3, d, groups, Cg, Cog, O, s=(1, 1, 1)):
+    """Term offsets and output map of a forward convolution computed at stride 1 on the
+    grid ``grid``: the padded input itself (``s`` = 1), or its used stride phases laid out
+    by :func:`pad_split` (residues from :func:`_used_residues`).  Cached: a training loop
+    repeats the same shapes."""
+    Dq, Hq, Wq = grid
+    plane = Dq * Hq * Wq
+    used = _used_residues(K3, s, d)
+    nu = [len(u) for u in used]
+    P = nu[0] * nu[1] * nu[2]
+    # tap k on axis a reads the phase of residue (k*d) mod s at offset (k*d) div s
+    k = [np.arange(K3[a]) * d[a] for a in range(3)]
+    ix = [np.searchsorted(np.asarray(used[a]), k[a] % s[a]) for a in range(3)]
+    phase = (ix[0][:, None, None] * (nu[1] * nu[2]) + ix[1][None, :, None] * nu[2]
+             + ix[2][None, None, :])
+    # term kk = ci' * KT + (kd*KH + kh)*KW + kw: its offset in the (split) input
+    taps = (phase * plane + (k[0] // s[0])[:, None, None] * (Hq * Wq)
+            + (k[1] // s[1])[None, :, None] * Wq + (k[2] // s[2])[None, None, :]).reshape(-1)
+    chan = np.arange(groups * Cg, dtype=np.int64).reshape(groups, Cg) * (P * plane)
     offs = (chan[:, :, None] + taps[None, None, :]).reshape(groups, -1)
     dst = _wide_dst(O, (0, 0, 0), (1, 1, 1), grid, O)[None, :]
     return _geometry(offs, np.arange(groups, dtype=np.int64) * Cog, dst)
@@ -927,14 +989,25 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
     shape = (N, w.shape[0]) + O[3 - r:]
     if out is None:
         out = np.empty(shape, dtype=np.float64)
+    b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
+    finite = None
+    if out.size and s != (1, 1, 1) and w.shape[0] // int(groups) >= 4:
+        # strided: pad and split into stride phases, then a stride-1 tiled correlation
+        used = _used_residues(K, s, d)
+        P = len(used[0]) * len(used[1]) * len(used[2])
+        grid = tuple(-(-(S[a] + 2 * p[a]) // s[a]) for a in range(3))
+        xq = np.empty((N, Cin * P) + grid, dtype=np.float64)
+        pad_split(x5, p[0], p[1], p[2], s[0], s[1], s[2],
+                  *(np.asarray(u, dtype=np.int64) for u in used), xq)
+        finite = _launch_forward(xq, w5, b, bias is not None, int(groups), s, d, _out5(out),
+                                 split=s)
+        return (out, finite) if report_finite else out
     if any(p):
         xp = np.empty((N, Cin) + tuple(S[a] + 2 * p[a] for a in range(3)), dtype=np.float64)
         if xp.size:
             pad_input(x5, p[0], p[1], p[2], xp)
     else:
         xp = x5
-    b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
-    finite = None
     if out.size:
         finite = _launch_forward(xp, w5, b, bias is not None, int(groups), s, d, _out5(out))
     return (out, finite) if report_finite else out
