@@ -94,9 +94,9 @@ def activate(activation, x):
     out = _checks.alloc(fname, arr.shape)
     if arr.size == 0:
         return out
-    from ._kernels.elementwise import activation_forward
+    from ._kernels.elementwise import sized_forward
 
-    ok = activation_forward(act.value, arr.reshape(-1), out.reshape(-1))
+    ok = sized_forward(arr.size)(act.value, arr.reshape(-1), out.reshape(-1))
     if not ok:
         _checks.require_finite(fname, "x", arr)
         raise NumericOverflow(f"{fname}: {act.name} produced a non-finite result")

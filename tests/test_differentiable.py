@@ -387,3 +387,38 @@ def test_pooling_errors():
     x = V(np.ones((1, 1, 4)))
     raises(TypeError, "pooling_ad", L.pooling_ad, "max", 2, 2, 0, x)
     raises(DomainError, "pooling_ad", L.pooling_ad, L.PoolMode.MAX, 0, 1, 0, x)
+
+
+def test_serial_twins_match_parallel_kernels(monkeypatch):
+    # small calls run serial compilations of the parallel kernels (_kernels/_serial.py);
+    # HMATH_DL_SERIAL_WORK=0 forces the parallel ones: both paths, 1 and 2 threads, give
+    # the same bytes for a step that uses every kernel with a twin
+    code = """
+        import sys
+        import numpy as np
+        from hmath_dl import autodiff as ad, layers as L
+        from hmath_dl.activations import Activation
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((3, 2, 6, 6))
+        w1, b1 = ad.variable(rng.standard_normal((4, 2, 3, 3))), ad.variable(rng.standard_normal(4))
+        w2 = ad.variable(rng.standard_normal((5, 64)))
+        t = ad.variable(rng.standard_normal((2, 5, 8)))
+        h = ad.activate(Activation.RELU, L.convolution_ad(L.ConvOptions(1, 1, 1, 1), x, w1, b1))
+        h = L.pooling_ad(L.PoolMode.MAX, 2, 2, 0, h)
+        h = L.pooling_ad(L.PoolMode.AVERAGE, 2, 1, 1, h)
+        z = L.dense_ad(ad.reshape(h, (3, -1)), w2, None)
+        u = ad.activate(Activation.GELU, L.layer_norm_ad(1, 1e-5, t))
+        loss = ad.cross_entropy(z, [0, 1, 4]) + ad.sum(u * u)
+        gs = ad.gradients(loss, [w1, b1, w2, t])
+        out = [loss.value] + gs + [L.global_pooling(L.PoolMode.AVERAGE, x),
+                                   L.layer_norm(1, 1e-5, t.value)]
+        sys.stdout.buffer.write(b"".join(np.ascontiguousarray(a).tobytes() for a in out))
+    """
+    from tests.helpers import run_with_threads
+    monkeypatch.delenv("HMATH_DL_SERIAL_WORK", raising=False)
+    serial = run_with_threads(code, 2)
+    monkeypatch.setenv("HMATH_DL_SERIAL_WORK", "0")
+    parallel_one = run_with_threads(code, 1)
+    parallel_two = run_with_threads(code, 2)
+    assert len(serial) > 0
+    assert serial == parallel_one == parallel_two

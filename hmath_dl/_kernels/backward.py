@@ -402,3 +402,21 @@ def channels_first(g, out):
         for n in range(N):
             for p in range(P):
                 out[c, n * P + p] = g[n, c, p]
+
+
+# serial twins (same functions compiled without threads) for small calls: see _serial.py
+from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
+
+norm_rows_backward_serial = serial_twin(norm_rows_backward)
+pool_backward_serial = serial_twin(pool_backward)
+im2col_serial = serial_twin(im2col)
+col2im_serial = serial_twin(col2im)
+channels_first_serial = serial_twin(channels_first)
+
+
+def sized(kernel_fn, n):
+    """``kernel_fn`` (one of the kernels above that has a ``<name>_serial`` twin) or its
+    twin when the call touches fewer than ``SERIAL_WORK`` elements."""
+    if n < SERIAL_WORK:
+        return globals()[kernel_fn.py_func.__name__ + "_serial"]
+    return kernel_fn

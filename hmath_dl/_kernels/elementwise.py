@@ -444,3 +444,27 @@ def apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat):
         if not ok[r]:
             return False
     return True
+
+
+# serial twins (same functions compiled without threads) for small calls: see _serial.py
+from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
+
+activation_forward_serial = serial_twin(activation_forward)
+activation_derivative_serial = serial_twin(activation_derivative)
+activation_forward_derivative_serial = serial_twin(activation_forward_derivative)
+
+
+def sized_forward(n):
+    """``activation_forward`` or its serial twin for ``n`` elements."""
+    return activation_forward_serial if n < SERIAL_WORK else activation_forward
+
+
+def sized_derivative(n):
+    """``activation_derivative`` or its serial twin for ``n`` elements."""
+    return activation_derivative_serial if n < SERIAL_WORK else activation_derivative
+
+
+def sized_forward_derivative(n):
+    """``activation_forward_derivative`` or its serial twin for ``n`` elements."""
+    return (activation_forward_derivative_serial if n < SERIAL_WORK
+            else activation_forward_derivative)

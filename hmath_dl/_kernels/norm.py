@@ -435,3 +435,14 @@ def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
         if not abs(f) < 1.0e307:
             if not _group_all_finite(out, base, P, Q, A * Q):
                 status[i] = OVERFLOW
+
+
+# serial twin (the same function compiled without threads) for small calls: see _serial.py
+from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
+
+normalize_rows_serial = serial_twin(normalize_rows)
+
+
+def sized_normalize_rows(n):
+    """``normalize_rows`` or its serial twin for ``n`` elements."""
+    return normalize_rows_serial if n < SERIAL_WORK else normalize_rows

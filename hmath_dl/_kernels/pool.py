@@ -294,7 +294,8 @@ def pool_nd(x, bounds, is_max, out):
     preallocated ``[N, C, *O]``.  Fills ``out``; returns the kernel status (the number of
     (n, c) planes with a non-finite input or output value; 0 when all is finite)."""
     if out.size:
-        return int(pool_boxes(_as5(x), *_bounds3(bounds), bool(is_max), _out5(out)))
+        fn = pool_boxes_serial if x.size < SERIAL_WORK else pool_boxes
+        return int(fn(_as5(x), *_bounds3(bounds), bool(is_max), _out5(out)))
     return 0
 
 
@@ -321,3 +322,15 @@ def adaptive_bounds(size, count):
     lo = (i * size) // count
     hi = -((-(i + 1) * size) // count)
     return lo, hi
+
+
+# serial twins (same functions compiled without threads) for small calls: see _serial.py
+from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
+
+pool_boxes_serial = serial_twin(pool_boxes)
+global_pool_serial = serial_twin(global_pool)
+
+
+def sized_global_pool(n):
+    """``global_pool`` or its serial twin for an input of ``n`` elements."""
+    return global_pool_serial if n < SERIAL_WORK else global_pool

@@ -344,11 +344,11 @@ def activate(activation, x):
         return make_node("activate", plain_activate(act, x.value), (x,), (act.value, None))
     # x.value is a finite float64 C-contiguous tape value: one fused pass computes f and
     # f' (the bits of plain_activate and of activation_derivative); f' is kept for the vjp
-    from .._kernels.elementwise import activation_forward_derivative
+    from .._kernels.elementwise import sized_forward_derivative
     value = np.empty(x.shape)
     d = np.empty(x.shape)
-    if not activation_forward_derivative(act.value, x.value.reshape(-1), value.reshape(-1),
-                                         d.reshape(-1)):
+    if not sized_forward_derivative(x.size)(act.value, x.value.reshape(-1), value.reshape(-1),
+                                            d.reshape(-1)):
         return make_node("activate", plain_activate(act, x.value), (x,), (act.value, None))
     return make_node("activate", value, (x,), (act.value, d))
 
@@ -356,11 +356,11 @@ def activate(activation, x):
 def _vjp_activate(g, node, needs):
     code, d = node.ctx
     if d is None:
-        from .._kernels.elementwise import activation_derivative
+        from .._kernels.elementwise import sized_derivative
         x = node.parents[0].value
         d = np.empty(x.shape)
         if x.size:
-            activation_derivative(code, x.reshape(-1), d.reshape(-1))
+            sized_derivative(x.size)(code, x.reshape(-1), d.reshape(-1))
     return (g * d,)
 
 

@@ -196,7 +196,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     thread count), and ``dx = col2im(dcols)`` (a Numba kernel parallel over ``(n, c)``
     planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
     """
-    from .._kernels.backward import channels_first, col2im, im2col
+    from .._kernels.backward import channels_first, col2im, im2col, sized
     from .._kernels.conv import _pad3
     r = x.ndim - 2
     xs = x.shape
@@ -211,12 +211,12 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     geo = K + s3 + d3 + p3 + O
     G = np.empty((Cout, N * P))
     if G.size:
-        channels_first(_ro(_c(g).reshape(N, Cout, P)), G)
+        sized(channels_first, G.size)(_ro(_c(g).reshape(N, Cout, P)), G)
     gx = gw = None
     if need_w:
         cols = np.empty((C * KK, N * P))
         if cols.size:
-            im2col(_ro5(x), *geo, cols)
+            sized(im2col, cols.size)(_ro5(x), *geo, cols)
         dw = np.empty((Cout, Cg * KK))
         for gi in range(groups):
             rows = slice(gi * Cog, (gi + 1) * Cog)
@@ -233,7 +233,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
                 dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = _blas.matmul(w2[rows].T, G[rows])
         dx = np.empty(xs)
         if dx.size:
-            col2im(_ro(_c(dcols)), *geo, _w5(dx))
+            sized(col2im, dcols.size)(_ro(_c(dcols)), *geo, _w5(dx))
         gx = dx
     return gx, gw
 
@@ -350,15 +350,16 @@ def pooling_ad(mode, window, stride, padding, x):
 
 
 def _vjp_pooling(g, node, needs):
-    from .._kernels.backward import pool_backward
+    from .._kernels.backward import pool_backward, sized
     from .._kernels.conv import _pad3
     x = node.parents[0]
     is_max, k, s, p = node.ctx
     k, s, p = _pad3(k, 1), _pad3(s, 1), _pad3(p, 0)
     dx = np.empty(x.shape)
     if dx.size:
-        pool_backward(_ro5(x.value), _ro5(_c(g)), is_max, k[0], k[1], k[2], s[0], s[1], s[2],
-                      p[0], p[1], p[2], _w5(dx))
+        fn = sized(pool_backward, x.size)
+        fn(_ro5(x.value), _ro5(_c(g)), is_max, k[0], k[1], k[2], s[0], s[1], s[2],
+           p[0], p[1], p[2], _w5(dx))
     return (dx,)
 
 
@@ -437,7 +438,7 @@ def rms_norm_ad(axes, epsilon, x):
 
 
 def _vjp_layer_norm(g, node, needs):
-    from .._kernels.backward import norm_rows_backward
+    from .._kernels.backward import norm_rows_backward, sized
     x = node.parents[0]
     axes, eps, center = node.ctx
     n = 1
@@ -446,8 +447,9 @@ def _vjp_layer_norm(g, node, needs):
     dx = np.empty(x.shape)
     if dx.size:
         rows = x.size // n
-        norm_rows_backward(x.value.reshape(-1), node.value.reshape(-1), _c(g).reshape(-1),
-                           rows, n, eps, center, dx.reshape(-1))
+        fn = sized(norm_rows_backward, x.size)
+        fn(x.value.reshape(-1), node.value.reshape(-1), _c(g).reshape(-1), rows, n, eps, center,
+           dx.reshape(-1))
     return (dx,)
 
 

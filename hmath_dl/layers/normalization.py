@@ -49,13 +49,14 @@ def _raise_status(fname, status, xa, what="x", unit="row"):
 
 
 def _rows(fname, xa, rows, n, eps, center):
-    from .._kernels.norm import LANES, normalize_rows
+    from .._kernels.norm import LANES, sized_normalize_rows
 
     out = _checks.alloc(fname, xa.shape)
     if out.size == 0:
         return out
     status = np.zeros(rows, dtype=np.int8)
-    normalize_rows(xa.reshape(-1), rows, n, eps, center, LANES, out.reshape(-1), status)
+    sized_normalize_rows(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, out.reshape(-1),
+                                  status)
     _raise_status(fname, status, xa)
     return out
 

@@ -14,7 +14,7 @@ import enum
 import numpy as np
 
 from .. import _checks
-from .._kernels.pool import adaptive_bounds, global_pool, pool_nd, readonly, window_bounds
+from .._kernels.pool import adaptive_bounds, pool_nd, readonly, sized_global_pool, window_bounds
 from ..errors import DomainError, NumericOverflow
 from .convolution import ShapeOrDomainError
 
@@ -160,7 +160,8 @@ def global_pooling(mode, x):
     mode, x = _input(fname, mode, x)
     S = (1,) * (5 - x.ndim) + x.shape[2:]
     out = _checks.alloc(fname, x.shape[:2])
-    if global_pool(readonly(x.reshape((-1,) + S)), mode is PoolMode.MAX, out.reshape(-1)):
+    if sized_global_pool(x.size)(readonly(x.reshape((-1,) + S)), mode is PoolMode.MAX,
+                                 out.reshape(-1)):
         _checks.require_finite(fname, "x", x)     # raises NonFiniteError naming the element
         raise NumericOverflow(f"{fname}: a window sum overflows float64 "
                               f"(non-finite value in the output of shape {_checks.shape_str(out.shape)})")

@@ -1,0 +1,36 @@
+"""Serial twins of parallel kernels, for work too small to repay a parallel launch.
+
+A parallel region splits its ``prange`` statically over the worker threads and waits for
+the slowest; on a shared machine (a core held by another process) that wait is a
+scheduler time slice, milliseconds, for a kernel that needs microseconds.  Small calls
+therefore run a serial compilation of the SAME function (``prange`` runs as ``range``).
+The kernels sum in fixed orders inside each ``prange`` iteration, so the twin gives
+bitwise the same results (the determinism tests cover both paths).
+
+``serial_twin(k)`` compiles ``k``'s Python function once more with the serial decorator,
+under its own name (``<name>_serial``) so that the two compilations have separate
+on-disk cache entries.
+"""
+
+import os
+import types
+
+from ._jit import helper
+
+__all__ = ["serial_twin", "SERIAL_WORK"]
+
+#: Calls touching fewer elements than this run the serial twin (~0.1 ms of work).  The
+#: environment variable ``HMATH_DL_SERIAL_WORK`` (read at import) overrides it; 0 makes
+#: every call parallel (the tests compare both paths).
+SERIAL_WORK = int(os.environ.get("HMATH_DL_SERIAL_WORK", "") or (1 << 17))
+
+
+def serial_twin(dispatcher):
+    """A serial (``helper``) compilation of the parallel kernel ``dispatcher``."""
+    f = dispatcher.py_func
+    name = f.__name__ + "_serial"
+    g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
+    g.__qualname__ = name
+    g.__doc__ = f.__doc__
+    g.__module__ = f.__module__
+    return helper(g)
