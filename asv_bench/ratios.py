@@ -163,6 +163,15 @@ def _conv1d():
                           lambda: torch.nn.functional.conv1d(tx, tw))
 
 
+@pair("strided conv2d 3x3, stride 2, padding 1", "x 8x32x32x32, w 64x32x3x3")
+def _sconv2d():
+    x, w = rnd((8, 32, 32, 32), 8), rnd((64, 32, 3, 3), 9)
+    o = L.ConvOptions(2, 1, 1)
+    tx, tw = (tt(x), tt(w)) if torch else (None, None)
+    return _torch_or_skip(lambda: L.convolution(o, x, w, None),
+                          lambda: torch.nn.functional.conv2d(tx, tw, stride=2, padding=1))
+
+
 @pair("transposed conv2d, stride 2", "x 8x64x16x16, w 64x64x4x4")
 def _tconv():
     x, w = rnd((8, 64, 16, 16), 12), rnd((64, 64, 4, 4), 13)
@@ -275,6 +284,8 @@ ASV_PAIRS = {
                ("bench_conv.TorchConv2d.time_torch_conv2d", ["32"])),
     "conv1d": (("bench_conv.Conv1d.time_convolution", ["1024"]),
                ("bench_conv.TorchConv1d.time_torch_conv1d", ["1024"])),
+    "strided conv2d": (("bench_conv.StridedConv2d.time_convolution", ["'3x3'"]),
+                       ("bench_conv.TorchStridedConv2d.time_torch_conv2d", ["'3x3'"])),
     "transposed conv2d": (("bench_conv.TransposedConv2d.time_transposed_convolution", ["16"]),
                           ("bench_conv.TorchTransposedConv2d.time_torch_conv_transpose2d", ["16"])),
     "depthwise conv2d": (("bench_conv.DepthwiseConv2d.time_depthwise_convolution", ["56"]),

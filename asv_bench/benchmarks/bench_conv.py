@@ -181,3 +181,37 @@ class TorchDepthwiseConv2d:
 
     def time_torch_depthwise_conv2d(self, side):
         TORCH.nn.functional.conv2d(self.x, self.w, padding=1, groups=64)
+
+
+# ------------------------------------------------------------------ strided conv2d
+class StridedConv2d:
+    """Downsampling convolutions (computed on the stride phases of the padded input):
+    3x3 stride 2 pad 1, and 1x1 stride 2 (a ResNet shortcut)."""
+    params = ["3x3", "1x1"]
+    param_names = ["kernel"]
+
+    def setup(self, kernel):
+        k = 3 if kernel == "3x3" else 1
+        self.x = _w((8, 32, 32, 32), 9)
+        self.w = _w((64, 32, k, k), 10)
+        self.opts = ConvOptions(2, k // 2, 1)
+        convolution(self.opts, self.x, self.w, None)
+
+    def time_convolution(self, kernel):
+        convolution(self.opts, self.x, self.w, None)
+
+
+class TorchStridedConv2d:
+    params = ["3x3", "1x1"]
+    param_names = ["kernel"]
+
+    def setup(self, kernel):
+        skip_without_torch()
+        k = 3 if kernel == "3x3" else 1
+        self.x = torch_tensor(normal((8, 32, 32, 32), 9))
+        self.w = torch_tensor(normal((64, 32, k, k), 10))
+        self.pad = k // 2
+        TORCH.nn.functional.conv2d(self.x, self.w, stride=2, padding=self.pad)
+
+    def time_torch_conv2d(self, kernel):
+        TORCH.nn.functional.conv2d(self.x, self.w, stride=2, padding=self.pad)
