@@ -349,6 +349,26 @@ def test_row_tiled_kernel_reports_a_single_overflowing_output(col):
     assert np.isfinite(y).all() and y.shape == (1, 6, 1, 43)
 
 
+def test_generic_kernels_alone_give_the_same_bits(monkeypatch):
+    """Without AVX-512 the register-tiled kernels are switched off; the generic kernels
+    that replace them must give the same bytes for forward (stride 1 and strided) and
+    transposed convolutions."""
+    from hmath_dl._kernels import conv as K
+    g = np.random.default_rng(15)
+    x = g.standard_normal((2, 4, 11, 37))
+    w = g.standard_normal((12, 2, 3, 3))
+    b = g.standard_normal(12)
+    wt = g.standard_normal((4, 5, 3, 4))
+    calls = [lambda: conv_nd(x, w, b, (1, 1), (1, 1), (1, 1), 2),
+             lambda: conv_nd(x, w, None, (2, 3), (1, 0), (1, 2), 2),
+             lambda: conv_nd(x[:, :, :6, :9], w, b, (1, 1), (0, 2), (2, 1), 2),
+             lambda: conv_transpose_nd(x, wt, b[:10], (2, 2), (1, 0), (1, 1), (1, 0), 2)]
+    tiled = [f() for f in calls]
+    monkeypatch.setattr(K, "tiled_kernels_enabled", lambda: False)
+    for f, t in zip(calls, tiled):
+        assert f().tobytes() == t.tobytes()
+
+
 # --------------------------------------------------------------------------- input handling
 def test_inputs_not_mutated_and_any_array_like_accepted():
     g = np.random.default_rng(5)

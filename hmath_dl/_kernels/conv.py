@@ -911,6 +911,22 @@ def _pad3(t, fill):
     return (fill,) * (3 - len(t)) + t
 
 
+@functools.lru_cache(maxsize=None)
+def tiled_kernels_enabled():
+    """Whether the register-tiled kernels are used: they keep 24 accumulators of 8 lanes
+    in registers, which needs AVX-512's 32 vector registers of 512 bits.  Elsewhere LLVM
+    would split every vector in two and spill; there the generic kernel (same bits) runs
+    instead.  Follows numba's target: ``NUMBA_CPU_FEATURES`` / ``NUMBA_CPU_NAME`` when set,
+    else the host CPU."""
+    from numba.core import config
+    if config.CPU_FEATURES is not None:
+        return "+avx512f" in config.CPU_FEATURES.split(",")
+    if config.CPU_NAME is not None:
+        return False
+    import llvmlite.binding as llb
+    return bool(llb.get_host_cpu_features().get("avx512f", False))
+
+
 def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5, split=None):
     """Run the forward kernel on the padded rank-5 input ``xp`` -- or, with ``split`` (the
     strides), on its stride phases laid out by :func:`pad_split`: a register-tiled one
@@ -919,7 +935,7 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5, split=None):
     Returns whether every output is finite when the kernel checked it, else None."""
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
-    if (s != (1, 1, 1) and split is None) or Cog < 4:
+    if (s != (1, 1, 1) and split is None) or Cog < 4 or not tiled_kernels_enabled():
         conv_forward(xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return None
     split = split or (1, 1, 1)
@@ -991,7 +1007,8 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
         out = np.empty(shape, dtype=np.float64)
     b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
     finite = None
-    if out.size and s != (1, 1, 1) and w.shape[0] // int(groups) >= 4:
+    if (out.size and s != (1, 1, 1) and w.shape[0] // int(groups) >= 4
+            and tiled_kernels_enabled()):
         # strided: pad and split into stride phases, then a stride-1 tiled correlation
         used = _used_residues(K, s, d)
         P = len(used[0]) * len(used[1]) * len(used[2])
@@ -1068,7 +1085,7 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     out5 = _out5(out)
     has_bias = bias is not None
     b = np.asarray(bias, dtype=np.float64) if has_bias else np.zeros(1, dtype=np.float64)
-    if Cog < 4:
+    if Cog < 4 or not tiled_kernels_enabled():
         return _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5)
     lo, hi, J, wsl, idle, geo = _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog)
     for sl in idle:            # no tap reaches these outputs: bias only
