@@ -563,8 +563,12 @@ def test_depthwise_matches_torch():
 
 
 # --------------------------------------------------------------------------- determinism
-def test_bitwise_identical_for_1_and_2_threads():
-    assert_same_across_threads("""
+def test_bitwise_identical_for_1_and_2_threads_and_for_serial_twins(monkeypatch):
+    """Same bytes with 1 and 2 threads, and from the serial twins that small calls use
+    (``HMATH_DL_SERIAL_WORK=0`` forces the parallel kernels); covers the row-tiled,
+    wide-tiled, phase-split (strided), transposed and generic (depthwise) paths."""
+    from tests.helpers import run_with_threads
+    code = """
         import sys
         import numpy as np
         from hmath_dl.layers import ConvOptions, convolution, transposed_convolution, depthwise_convolution
@@ -574,10 +578,16 @@ def test_bitwise_identical_for_1_and_2_threads():
         w = g.standard_normal((12, 4, 3, 3))
         b = g.standard_normal(12)
         out = [convolution(ConvOptions(1, 1, 1, 2), x, w, b),
+               convolution(ConvOptions(1, 0, 1, 2), x[:, :, :7, :12], w, b),
                convolution(ConvOptions(2, 1, (1, 2), 2), x, w, b),
                transposed_convolution(1, ConvOptions(2, 1, 1, 2), x, g.standard_normal((8, 5, 3, 3)), None),
                depthwise_convolution(ConvOptions(1, 1, 1), x, g.standard_normal((16, 1, 3, 3)), None),
                conv_weight_grad_nd(x, g.standard_normal((3, 12, 20, 19)), (3, 3), (1, 1), (1, 1), (1, 1), 2)]
         for o in out:
             sys.stdout.buffer.write(o.tobytes())
-    """)
+    """
+    monkeypatch.delenv("HMATH_DL_SERIAL_WORK", raising=False)
+    serial = run_with_threads(code, 2)
+    monkeypatch.setenv("HMATH_DL_SERIAL_WORK", "0")
+    assert len(serial) > 0
+    assert serial == run_with_threads(code, 1) == run_with_threads(code, 2)

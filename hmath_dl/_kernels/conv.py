@@ -653,7 +653,7 @@ def _geometry(offs, ochan, dst):
     return _frozen(offs, maxoff, ochan, dst)
 
 
-def _launch_tiled(xp, wrows, Cog, geo, bias, has_bias, out5):
+def _launch_tiled(xp, wrows, Cog, geo, bias, has_bias, out5, fmas):
     """Pack the weights ``wrows [G*Cog, K]`` and launch :func:`conv_forward_tiled` with the
     geometry ``geo = (offs [G, K], maxoff [G], ochan [G], dst [rows, total])``."""
     offs, maxoff, ochan, dst = geo
@@ -662,8 +662,8 @@ def _launch_tiled(xp, wrows, Cog, geo, bias, has_bias, out5):
     xstride = xp.size // N if N else 0
     wpk = _pack_weights(wrows, offs.shape[0], CB)
     out3 = out5.reshape(out5.shape[:2] + (-1,))
-    conv_forward_tiled(xp.reshape(-1), xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog,
-                       ochan, dst, out3)
+    _sized(conv_forward_tiled, conv_forward_tiled_serial, fmas, _SERIAL_FMA)(
+        xp.reshape(-1), xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst, out3)
 
 
 @kernel
@@ -935,8 +935,10 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5, split=None):
     Returns whether every output is finite when the kernel checked it, else None."""
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
+    fmas = out5.size * (w5.size // Cout)
     if (s != (1, 1, 1) and split is None) or Cog < 4 or not tiled_kernels_enabled():
-        conv_forward(xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
+        _sized(conv_forward, conv_forward_serial, fmas, _SERIAL_FMA)(
+            xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return None
     split = split or (1, 1, 1)
     OW = out5.shape[4]
@@ -947,12 +949,12 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5, split=None):
                                                out5.shape[2:], split)
         bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
         rows = out5.shape[2] * out5.shape[3]
-        return bool(conv_forward_rows(
+        return bool(_sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
             xp, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs, maxoff, bvec,
             has_bias, Cog, max(1, min(rows, 192 // out5.shape[4])), out5))
     geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:],
                             split)
-    _launch_tiled(xp, w5.reshape(Cout, -1), Cog, geo, b, has_bias, out5)
+    _launch_tiled(xp, w5.reshape(Cout, -1), Cog, geo, b, has_bias, out5, fmas)
     return None
 
 
@@ -1014,15 +1016,16 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
         P = len(used[0]) * len(used[1]) * len(used[2])
         grid = tuple(-(-(S[a] + 2 * p[a]) // s[a]) for a in range(3))
         xq = np.empty((N, Cin * P) + grid, dtype=np.float64)
-        pad_split(x5, p[0], p[1], p[2], s[0], s[1], s[2],
-                  *(np.asarray(u, dtype=np.int64) for u in used), xq)
+        _sized(pad_split, pad_split_serial, xq.size, SERIAL_WORK)(
+            x5, p[0], p[1], p[2], s[0], s[1], s[2], *(np.asarray(u, dtype=np.int64) for u in used),
+            xq)
         finite = _launch_forward(xq, w5, b, bias is not None, int(groups), s, d, _out5(out),
                                  split=s)
         return (out, finite) if report_finite else out
     if any(p):
         xp = np.empty((N, Cin) + tuple(S[a] + 2 * p[a] for a in range(3)), dtype=np.float64)
         if xp.size:
-            pad_input(x5, p[0], p[1], p[2], xp)
+            _sized(pad_input, pad_input_serial, xp.size, SERIAL_WORK)(x5, p[0], p[1], p[2], xp)
     else:
         xp = x5
     if out.size:
@@ -1093,12 +1096,13 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     if not wsl:
         return out
     xpad = np.empty((N, Cin) + hi, dtype=np.float64)
-    pad_input(x5, lo[0], lo[1], lo[2], xpad)
+    _sized(pad_input, pad_input_serial, xpad.size, SERIAL_WORK)(x5, lo[0], lo[1], lo[2], xpad)
     wg = w5.reshape((groups, Cig, Cog) + K).transpose(0, 2, 1, 3, 4, 5).reshape((Cout, Cig) + K)
     wrows = np.zeros((len(wsl), Cout, Cig) + J, dtype=np.float64)
     for ph, (dsl, ksl) in enumerate(wsl):
         wrows[(ph, slice(None), slice(None)) + dsl] = wg[(slice(None), slice(None)) + ksl]
-    _launch_tiled(xpad, wrows.reshape(len(wsl) * Cout, -1), Cog, geo, b, has_bias, out5)
+    _launch_tiled(xpad, wrows.reshape(len(wsl) * Cout, -1), Cog, geo, b, has_bias, out5,
+                  out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2]))
     return out
 
 
@@ -1220,7 +1224,8 @@ def _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5):
                            lo[2] + so[2]:hi[2] + so[2]]
     bb = np.tile(b, nph) if has_bias else b
     part = np.empty((N, nph * Cout) + tuple(C), dtype=np.float64)
-    conv_forward(xw, wall, bb, has_bias, nph * groups, 1, 1, 1, dm[0], dm[1], dm[2], part)
+    _sized(conv_forward, conv_forward_serial, part.size * wall[0].size, _SERIAL_FMA)(
+        xw, wall, bb, has_bias, nph * groups, 1, 1, 1, dm[0], dm[1], dm[2], part)
     for ph, rr in enumerate(phases):
         cnt = [count[a][rr[a]] for a in range(3)]
         if min(cnt) == 0:
@@ -1256,3 +1261,22 @@ def conv_weight_grad_nd(x, gy, kernel_shape, stride, padding, dilation, groups, 
         conv_weight_grad(xp, _as5(gy), int(groups), s[0], s[1], s[2], d[0], d[1], d[2],
                          out.reshape((Cout, Cin // int(groups)) + K))
     return out
+
+
+# serial twins (the same functions compiled without threads) for small calls: see
+# _serial.py.  A convolution's work is its multiply-add count; padding/splitting copies
+# count elements.
+from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
+
+_SERIAL_FMA = SERIAL_WORK * 16      # ~0.2 ms of multiply-adds on one core
+
+pad_input_serial = serial_twin(pad_input)
+pad_split_serial = serial_twin(pad_split)
+conv_forward_serial = serial_twin(conv_forward)
+conv_forward_rows_serial = serial_twin(conv_forward_rows)
+conv_forward_tiled_serial = serial_twin(conv_forward_tiled)
+
+
+def _sized(kernel_, serial, work, limit):
+    """``kernel_`` or its serial twin ``serial`` for ``work`` units (limit: see above)."""
+    return serial if work < limit else kernel_
