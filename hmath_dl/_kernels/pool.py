@@ -96,51 +96,44 @@ def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max, out):
         t2 = np.empty((OD, OH, W))
         bad = 0
         for t in range(ch * P // nch, (ch + 1) * P // nch):
-            bad += _pool_plane(x, t // C, t % C, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max,
-                               out, buf1, t2)
+            n = t // C
+            c = t % C
+            plane = x[n, c]
+            o = out[n, c]
+            # D, then H (both vectorised along contiguous rows), then W on the smallest array
+            if D == 1 and OD == 1:      # the only D window is [0, 1)
+                t1 = plane
+            else:
+                t1 = buf1
+                _reduce_cols(plane.reshape((1, D, H * W)), lo_d, hi_d, is_max,
+                             t1.reshape((1, OD, H * W)))
+            _reduce_cols(t1, lo_h, hi_h, is_max, t2)
+            _reduce_rows(t2.reshape((OD * OH, W)), lo_w, hi_w, is_max, o.reshape((OD * OH, OW)))
+            if not is_max:
+                for od in range(OD):
+                    cd = hi_d[od] - lo_d[od]
+                    for oh in range(OH):
+                        cnt = cd * (hi_h[oh] - lo_h[oh])
+                        row = o[od, oh]
+                        for ow in range(OW):
+                            row[ow] = row[ow] / (cnt * (hi_w[ow] - lo_w[ow]))
+            # x * 0 is NaN exactly for NaN/inf x: one pass over the cached plane, counting
+            # in an integer (an integer sum vectorises; a float sum is one serial chain)
+            nbad = 0
+            flat = plane.reshape(D * H * W)
+            for i in range(D * H * W):
+                nbad += flat[i] * 0.0 != 0.0
+            if not is_max:
+                of = o.reshape(OD * OH * OW)
+                for i in range(OD * OH * OW):
+                    nbad += of[i] * 0.0 != 0.0
+            if nbad != 0:
+                bad += 1
         bads[ch] = bad
     total = 0
     for ch in range(nch):
         total += bads[ch]
     return total
-
-
-@helper
-def _pool_plane(x, n, c, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max, out, buf1, t2):
-    """One (n, c) plane of :func:`pool_boxes` (scratch ``buf1 [OD, H, W]``, ``t2 [OD, OH,
-    W]``); returns 1 if its input or (average) output holds a NaN/inf, else 0."""
-    D, H, W = x.shape[2], x.shape[3], x.shape[4]
-    OD, OH, OW = out.shape[2], out.shape[3], out.shape[4]
-    plane = x[n, c]
-    o = out[n, c]
-    # D, then H (both vectorised along contiguous rows), then W on the smallest array
-    if D == 1 and OD == 1:      # the only D window is [0, 1)
-        t1 = plane
-    else:
-        t1 = buf1
-        _reduce_cols(plane.reshape((1, D, H * W)), lo_d, hi_d, is_max,
-                     t1.reshape((1, OD, H * W)))
-    _reduce_cols(t1, lo_h, hi_h, is_max, t2)
-    _reduce_rows(t2.reshape((OD * OH, W)), lo_w, hi_w, is_max, o.reshape((OD * OH, OW)))
-    if not is_max:
-        for od in range(OD):
-            cd = hi_d[od] - lo_d[od]
-            for oh in range(OH):
-                ch = cd * (hi_h[oh] - lo_h[oh])
-                row = o[od, oh]
-                for ow in range(OW):
-                    row[ow] = row[ow] / (ch * (hi_w[ow] - lo_w[ow]))
-    # x * 0 is NaN exactly for NaN/inf x: one pass over the cached plane, counting in
-    # an integer (an integer sum vectorises; a float sum would be one serial chain)
-    nbad = 0
-    flat = plane.reshape(D * H * W)
-    for i in range(D * H * W):
-        nbad += flat[i] * 0.0 != 0.0
-    if not is_max:
-        of = o.reshape(OD * OH * OW)
-        for i in range(OD * OH * OW):
-            nbad += of[i] * 0.0 != 0.0
-    return 1 if nbad != 0 else 0
 
 
 @kernel
