@@ -301,7 +301,10 @@ def test_clip_gradients_matches_definition(grads, max_norm):
         else:
             expect = g
         assert np.array_equal(o, expect)
-    if norm > max_norm and norm > 0:
+    if norm > max_norm and norm > 0 and max_norm / norm >= np.finfo(np.float64).tiny:
+        # the contract multiplies by the factor max_norm / norm; only a normal factor
+        # carries full relative precision (a subnormal one, e.g. 6e-8 / 2e303, is itself
+        # rounded to fewer bits, so the clipped norm may exceed max_norm by more)
         assert gradient_norm(out) <= max_norm * (1 + _rtol(sum(g.size for g in grads)) + 2 * EPS)
 
 
