@@ -5,11 +5,15 @@
     python asv_bench/ratios.py -r 15 -k conv   # only pairs whose name contains "conv"
     python asv_bench/ratios.py --asv           # the same pairs from the newest saved asv run
 
-For every pair, ours and the peer run in this one process on the same inputs (float64
-unless stated), interleaved: repeat ``r`` times { time ours, time peer }, each time being
-the best per-call time of a ``timeit`` loop long enough to last ~0.1 s; the table reports
-the best of the ``r`` repeats of each and ``peer / ours`` (> 1: ours is faster).  Peer =
-torch float64 when importable (same thread count as numba), else the numpy expression.
+For every pair, ours and the peer run on the same inputs (float64 unless stated), each
+in its own worker process (started once for the whole table; ``--same-process`` times
+both in this one), interleaved: repeat ``r`` times { time ours, time peer }, each time
+being the best per-call time of a ``timeit`` loop long enough to last ~0.1 s; the table
+reports the best of the ``r`` repeats of each and ``peer / ours`` (> 1: ours is faster).
+Separate processes because torch and Numba otherwise share one OpenMP runtime (torch's
+libgomp), initialised with the settings of whichever library loaded first: each side
+should run with its own defaults, as a user of either library would.  Peer = torch
+float64 when importable (same thread count as numba), else the numpy expression.
 Compilation is excluded: every function runs once before timing.  The shapes are the
 issue's targets, the same as the asv benchmarks (asv_bench/benchmarks/bench_*.py).
 
@@ -33,6 +37,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.append(HERE)
+
+# In a worker process that times OUR side, hmath_dl is imported before torch: torch ships
+# its own libgomp under the soname libgomp.so.1, which Numba's OpenMP pool then shares, and
+# hmath_dl's default OMP_WAIT_POLICY=PASSIVE only reaches an OpenMP runtime that has not
+# started yet (with torch first, Numba's workers spin: a CNN step 6 -> 16 ms).  A worker
+# timing the PEER imports torch first, so torch keeps its own defaults.
+_ROLE = sys.argv[sys.argv.index("--worker") + 1] if "--worker" in sys.argv[:-1] else None
+if _ROLE == "ours":
+    import hmath_dl  # noqa: E402,F401
 
 try:
     import torch
@@ -382,6 +395,57 @@ def measure(ours, peer, repeats):
     return min(to), min(tp)
 
 
+def worker(role):
+    """Serve timing requests on stdin for one side (``ours`` or ``peer``): each line
+    ``NAME`` (a pair name) is answered by one line: the best per-call time of one timing
+    loop in seconds and the peer's name, or ``none`` when this side has no callable.  The first request of a
+    pair builds its inputs, warms it up and calibrates the loop length."""
+    builders = {name: builder for name, _, builder in PAIRS}
+    built = {}
+    for line in sys.stdin:
+        name = line.rstrip("\n")
+        if name not in built:
+            ours, peer_name, peer = builders[name]()
+            fn = ours if role == "ours" else peer
+            if fn is not None and peer is not None:
+                fn()
+                built[name] = (fn, calibrate(fn), peer_name)
+            else:
+                built[name] = None
+        if built[name] is None:
+            print("none", flush=True)
+        else:
+            fn, n, peer_name = built[name]
+            print(repr(per_call(fn, n)), peer_name, flush=True)
+
+
+def measure_isolated(procs, name, repeats):
+    """Best per-call times of ``name`` from the two worker processes, interleaved (one
+    timing loop each per repeat, ``SETTLE`` idle seconds before each), and the peer's
+    name.  Nones when a side has no callable."""
+    def ask(role):
+        procs[role].stdin.write(name + "\n")
+        procs[role].stdin.flush()
+        reply = procs[role].stdout.readline().strip()
+        if not reply:
+            raise RuntimeError(f"the {role} worker died while timing {name!r}")
+        if reply == "none":
+            return None, None
+        t, peer_name = reply.split(" ", 1)
+        return float(t), peer_name
+
+    if ask("ours")[0] is None or ask("peer")[0] is None:     # build, warm up, calibrate
+        return None, None, None
+    to, tp = [], []
+    for _ in range(repeats):
+        time.sleep(SETTLE)
+        to.append(ask("ours")[0])
+        time.sleep(SETTLE)
+        t, peer_name = ask("peer")
+        tp.append(t)
+    return min(to), min(tp), peer_name
+
+
 def fmt(t):
     return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
 
@@ -392,27 +456,51 @@ def main(argv=None):
     ap.add_argument("-k", "--filter", default="", help="only pairs whose name contains this")
     ap.add_argument("--asv", nargs="?", const="", default=None, metavar="FILE",
                     help="print the pairs from a saved asv result file instead of measuring")
+    ap.add_argument("--same-process", action="store_true",
+                    help="time both sides in this process (they then share one OpenMP "
+                         "runtime, initialised with torch's settings)")
+    ap.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args.worker)
     if args.asv is not None:
         return from_asv(args.asv or None)
+    procs = None
+    if not args.same_process:
+        import subprocess
+        procs = {role: subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                                         "--worker", role],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for role in ("ours", "peer")}
     print(f"<!-- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
           f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs; "
           f"numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads), "
           f"numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}"
           f"{' (' + str(torch.get_num_threads()) + ' threads)' if torch else ''}; "
-          f"best of {args.repeat} interleaved repeats -->")
+          f"best of {args.repeat} interleaved repeats"
+          f"{'; both sides in one process' if procs is None else '; each side in its own worker process'} -->")
     print()
     print("| benchmark | shape | ours | peer | peer time | peer / ours |")
     print("|---|---|---:|---|---:|---:|")
-    for name, shape, builder in PAIRS:
-        if args.filter.lower() not in name.lower():
-            continue
-        ours, peer_name, peer = builder()
-        if ours is None or peer is None:
-            print(f"| {name} | {shape} | - | (no peer) | - | - |", flush=True)
-            continue
-        to, tp = measure(ours, peer, args.repeat)
-        print(f"| {name} | {shape} | {fmt(to)} | {peer_name} | {fmt(tp)} | {tp / to:.2f} |", flush=True)
+    try:
+        for name, shape, builder in PAIRS:
+            if args.filter.lower() not in name.lower():
+                continue
+            if procs is None:
+                ours, peer_name, peer = builder()
+                to, tp = (None, None) if ours is None or peer is None else \
+                    measure(ours, peer, args.repeat)
+            else:
+                to, tp, peer_name = measure_isolated(procs, name, args.repeat)
+            if to is None or tp is None:
+                print(f"| {name} | {shape} | - | (no peer) | - | - |", flush=True)
+                continue
+            print(f"| {name} | {shape} | {fmt(to)} | {peer_name} | {fmt(tp)} | {tp / to:.2f} |",
+                  flush=True)
+    finally:
+        for p in (procs or {}).values():
+            p.stdin.close()
+            p.wait()
 
 
 if __name__ == "__main__":
