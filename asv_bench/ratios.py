@@ -46,6 +46,9 @@ sys.path.append(HERE)
 _ROLE = sys.argv[sys.argv.index("--worker") + 1] if "--worker" in sys.argv[:-1] else None
 if _ROLE == "ours":
     import hmath_dl  # noqa: E402,F401
+else:       # torch first on purpose (see above): hmath_dl's warning about it is expected
+    import warnings
+    warnings.filterwarnings("ignore", message="hmath_dl: an OpenMP runtime")
 
 try:
     import torch

@@ -200,3 +200,27 @@ def test_import_compiles_nothing_and_is_quick():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_import_warns_when_an_openmp_runtime_was_loaded_first():
+    """With libgomp already loaded (as `import torch` does) and OMP_WAIT_POLICY unset,
+    the import explains that Numba's workers will spin and what to do; loaded after
+    hmath_dl, or with the policy set by the user, nothing is said."""
+    import ctypes.util
+    if ctypes.util.find_library("gomp") is None:
+        pytest.skip("no libgomp on this system")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = ROOT
+
+    def run(code, **extra):
+        out = subprocess.run([sys.executable, "-c", code], env=dict(env, **extra),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return out.stderr
+
+    gomp_first = "import ctypes, ctypes.util; ctypes.CDLL(ctypes.util.find_library('gomp')); import hmath_dl"
+    assert "OMP_WAIT_POLICY=PASSIVE" in run(gomp_first)
+    assert "RuntimeWarning" not in run(gomp_first, OMP_WAIT_POLICY="PASSIVE")
+    assert "RuntimeWarning" not in run(
+        "import hmath_dl, ctypes, ctypes.util; ctypes.CDLL(ctypes.util.find_library('gomp'))")
