@@ -369,6 +369,24 @@ def test_generic_kernels_alone_give_the_same_bits(monkeypatch):
         assert f().tobytes() == t.tobytes()
 
 
+@pytest.mark.parametrize("where", [0, 5, 9])
+def test_wide_tiled_and_transposed_kernels_report_a_single_overflowing_output(where):
+    """The wide-tiled kernel (short ragged rows; every transposed convolution) also counts
+    non-finite outputs as it scatters them: one overflowing output must raise."""
+    x = np.ones((1, 1, 3, 12))
+    x[0, 0, 1, where + 1] = 1e300
+    w = np.ones((5, 1, 3, 3))
+    w[:, 0, 1, 1] = 1e10
+    with pytest.raises(NumericOverflow, match=r"^convolution: "):
+        convolution(ConvOptions(1, 0, 1), x, w, None)          # OW = 10: wide layout
+    wt = np.ones((1, 5, 3, 3))
+    wt[0, :, 2, 2] = 1e10
+    with pytest.raises(NumericOverflow, match=r"^transposed_convolution: "):
+        transposed_convolution(0, ConvOptions(2, 0, 1), x, wt, None)
+    wt[0, :, 2, 2] = 1.0
+    assert np.isfinite(transposed_convolution(0, ConvOptions(2, 0, 1), x, wt, None)).all()
+
+
 # --------------------------------------------------------------------------- input handling
 def test_inputs_not_mutated_and_any_array_like_accepted():
     g = np.random.default_rng(5)

@@ -543,6 +543,8 @@ def conv_forward_tiled(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, 
     ``wpk`` the weights packed as ``[G, nblk, K, CB]`` (zero rows pad the last block),
     ``maxoff[g] = max(offs[g])``, ``out`` a ``[N, Cout, plane]`` view.
 
+    Returns the number of non-finite outputs.
+
     Parallel over (batch item, run of tiles); every tile runs all term groups in turn, so
     the phases of a transposed convolution, which interleave in the output, fill each
     output cache line while it is hot.  A tile whose vector loads would run past the end
@@ -555,17 +557,21 @@ def conv_forward_tiled(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, 
     VL = _TILE_POS if CB == 8 else 2 * _TILE_POS
     ntiles = (total + VL - 1) // VL
     nit = (ntiles + _TILES_PER_ITER - 1) // _TILES_PER_ITER
+    bad = np.zeros(N * nit, dtype=np.int64)
     for t in prange(N * nit):
         it = t % nit
         n = t // nit
         acc = np.empty(CB * VL)
+        nbad = 0
         for tile in range(it * _TILES_PER_ITER, min(ntiles, (it + 1) * _TILES_PER_ITER)):
             p0 = tile * VL
             ln = min(VL, total - p0)
             xbase = n * xstride + p0
             for g in range(G):
-                _tile_group(xf, xbase, offs[g], dst[g % nrow], maxoff[g], wpk, g, nblk, K,
-                            CB, VL, p0, ln, bias, has_bias, Cog, ochan[g], acc, out[n])
+                nbad += _tile_group(xf, xbase, offs[g], dst[g % nrow], maxoff[g], wpk, g, nblk,
+                                    K, CB, VL, p0, ln, bias, has_bias, Cog, ochan[g], acc, out[n])
+        bad[t] = nbad
+    return bad.sum()
 
 
 @helper
@@ -573,7 +579,9 @@ def _tile_group(xf, xbase, og, dg, maxoff, wpk, g, nblk, K, CB, VL, p0, ln, bias
                 Cog, ochan, acc, outn):
     """One tile (positions ``p0 .. p0+ln-1``) of one term group for every block of CB
     output channels: micro-kernel (or the scalar chain near the end of ``xf``), then the
-    bias and the scatter to ``outn[co, dg[q]]``."""
+    bias and the scatter to ``outn[co, dg[q]]``.  Returns the number of non-finite
+    outputs written (``v * 0`` is NaN exactly for NaN/inf ``v``; counted in an integer)."""
+    nbad = 0
     safe = xbase + maxoff + VL <= xf.shape[0]
     for b in range(nblk):
         wbase = ((g * nblk + b) * K) * CB
@@ -597,17 +605,14 @@ def _tile_group(xf, xbase, og, dg, maxoff, wpk, g, nblk, K, CB, VL, p0, ln, bias
             co = ochan + b * CB + j
             orow = outn[co]
             src = acc[j * VL:]
-            if has_bias:
-                bv = bias[co]
-                for i in range(ln):
-                    q = dg[p0 + i]
-                    if q >= 0:
-                        orow[q] = src[i] + bv
-            else:
-                for i in range(ln):
-                    q = dg[p0 + i]
-                    if q >= 0:
-                        orow[q] = src[i]
+            bv = bias[co] if has_bias else 0.0
+            for i in range(ln):
+                q = dg[p0 + i]
+                if q >= 0:
+                    v = src[i] + bv if has_bias else src[i]
+                    orow[q] = v
+                    nbad += v * 0.0 != 0.0
+    return nbad
 
 
 def _pack_weights(w, G, CB):
@@ -653,17 +658,22 @@ def _geometry(offs, ochan, dst):
     return _frozen(offs, maxoff, ochan, dst)
 
 
-def _launch_tiled(xp, wrows, Cog, geo, bias, has_bias, out5, fmas):
-    """Pack the weights ``wrows [G*Cog, K]`` and launch :func:`conv_forward_tiled` with the
-    geometry ``geo = (offs [G, K], maxoff [G], ochan [G], dst [rows, total])``."""
+def _tile_cb(Cog):
+    """Output channels per block of :func:`conv_forward_tiled` (8, or 4 for Cog <= 4)."""
+    return 8 if Cog > 4 else 4
+
+
+def _launch_tiled(xp, wpk, Cog, geo, bias, has_bias, out5, fmas):
+    """Launch :func:`conv_forward_tiled` with the packed weights ``wpk`` ([G, nblk, K, CB],
+    CB = :func:`_tile_cb`) and the geometry ``geo = (offs [G, K], maxoff [G], ochan [G],
+    dst [rows, total])``.  Returns whether every output is finite."""
     offs, maxoff, ochan, dst = geo
-    CB = 8 if Cog > 4 else 4
     N = xp.shape[0]
     xstride = xp.size // N if N else 0
-    wpk = _pack_weights(wrows, offs.shape[0], CB)
     out3 = out5.reshape(out5.shape[:2] + (-1,))
-    _sized(conv_forward_tiled, conv_forward_tiled_serial, fmas, _SERIAL_FMA)(
-        xp.reshape(-1), xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst, out3)
+    return 0 == _sized(conv_forward_tiled, conv_forward_tiled_serial, fmas, _SERIAL_FMA)(
+        xp.reshape(-1), xstride, wpk, offs, maxoff, _tile_cb(Cog), bias, has_bias, Cog, ochan,
+        dst, out3)
 
 
 @kernel
@@ -932,7 +942,8 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5, split=None):
     strides), on its stride phases laid out by :func:`pad_split`: a register-tiled one
     (:func:`conv_forward_rows` / :func:`conv_forward_tiled`) for stride 1 or split input
     and at least 4 output channels per group, else :func:`conv_forward`.  Both sum the same terms in the same order (same bits).
-    Returns whether every output is finite when the kernel checked it, else None."""
+    Returns whether every output is finite when the kernel checked it (the tiled paths),
+    else None."""
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
     fmas = out5.size * (w5.size // Cout)
@@ -954,8 +965,8 @@ def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5, split=None):
             has_bias, Cog, max(1, min(rows, 192 // out5.shape[4])), out5))
     geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:],
                             split)
-    _launch_tiled(xp, w5.reshape(Cout, -1), Cog, geo, b, has_bias, out5, fmas)
-    return None
+    return _launch_tiled(xp, _pack_weights(w5.reshape(Cout, -1), groups, _tile_cb(Cog)), Cog,
+                         geo, b, has_bias, out5, fmas)
 
 
 @functools.lru_cache(maxsize=128)
@@ -1045,7 +1056,8 @@ def _phase_taps(K, s, d):
     return out
 
 
-def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, groups, out=None):
+def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, groups, out=None,
+                      report_finite=False):
     """Transposed convolution on validated arrays (see module docstring).
 
     ``x [N, Cin, *S]``, ``w [Cin, Cout/groups, *K]``; output size per axis
@@ -1063,7 +1075,7 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     :func:`conv_forward` on per-phase windows), which writes every phase straight into its
     strided output positions.  Each output sums its terms in the fixed order (ci', taps of
     its phase from the last to the first), one fused multiply-add per term; the thread
-    count never matters.
+    count never matters.  ``report_finite``: as for :func:`conv_nd`.
     """
     r = x.ndim - 2
     s = _pad3(stride, 1)
@@ -1084,35 +1096,34 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     if out is None:
         out = np.empty(shape, dtype=np.float64)
     if out.size == 0:
-        return out
+        return (out, None) if report_finite else out
     out5 = _out5(out)
     has_bias = bias is not None
     b = np.asarray(bias, dtype=np.float64) if has_bias else np.zeros(1, dtype=np.float64)
     if Cog < 4 or not tiled_kernels_enabled():
-        return _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5)
-    lo, hi, J, wsl, idle, geo = _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog)
+        _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5)
+        return (out, None) if report_finite else out
+    lo, hi, widx, idle, geo = _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog)
     for sl in idle:            # no tap reaches these outputs: bias only
         out5[(slice(None), slice(None)) + sl] = b.reshape(-1, 1, 1, 1) if has_bias else 0.0
-    if not wsl:
-        return out
+    if widx is None:
+        return (out, None) if report_finite else out
     xpad = np.empty((N, Cin) + hi, dtype=np.float64)
     _sized(pad_input, pad_input_serial, xpad.size, SERIAL_WORK)(x5, lo[0], lo[1], lo[2], xpad)
-    wg = w5.reshape((groups, Cig, Cog) + K).transpose(0, 2, 1, 3, 4, 5).reshape((Cout, Cig) + K)
-    wrows = np.zeros((len(wsl), Cout, Cig) + J, dtype=np.float64)
-    for ph, (dsl, ksl) in enumerate(wsl):
-        wrows[(ph, slice(None), slice(None)) + dsl] = wg[(slice(None), slice(None)) + ksl]
-    _launch_tiled(xpad, wrows.reshape(len(wsl) * Cout, -1), Cog, geo, b, has_bias, out5,
-                  out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2]))
-    return out
+    wpk = np.append(w5.reshape(-1), 0.0)[widx]          # one gather packs every phase
+    finite = _launch_tiled(xpad, wpk, Cog, geo, b, has_bias, out5,
+                           out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2]))
+    # the idle phases' outputs (bias or 0) are finite: the kernel saw every other one
+    return (out, finite) if report_finite else out
 
 
 @functools.lru_cache(maxsize=128)
 def _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog):
     """Everything about a transposed convolution that depends on shapes only (cached):
-    the low padding and padded extent of the shared input copy, the taps per phase,
-    per active phase the (destination, source) slices that place its taps (reversed) in
-    the packed weights, the output slices of phases that receive no tap, and the
-    :func:`_launch_tiled` geometry (term groups ordered (phase, group))."""
+    the low padding and padded extent of the shared input copy, the gather index that
+    packs the weights of every active phase (taps reversed) in one ``take``, the output
+    slices of phases that receive no tap, and the :func:`_launch_tiled` geometry (term
+    groups ordered (phase, group))."""
     # per axis and phase r: (taps k, first offset m, offset step), first output, count, q0
     taps = [_phase_taps(K[a], s[a], d[a]) for a in range(3)]
     J = tuple(max(len(t[0]) for t in taps[a]) for a in range(3))
@@ -1131,7 +1142,7 @@ def _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog):
                 else:
                     idle.append(tuple(slice(start[a][rr[a]], None, s[a]) for a in range(3)))
     if not active:
-        return (0, 0, 0), (0, 0, 0), J, [], idle, None
+        return (0, 0, 0), (0, 0, 0), None, idle, None
     # the m offset of every reversed tap position, per axis and phase (zero-weight
     # positions reuse the first tap's offset: any in-range address will do)
     mpos = [[None] * s[a] for a in range(3)]
@@ -1151,15 +1162,34 @@ def _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog):
     Jt = J[0] * J[1] * J[2]
     offs = np.empty((len(active), groups, Cig, Jt), dtype=np.int64)
     chan = np.arange(groups * Cig, dtype=np.int64).reshape(groups, Cig, 1) * plane
-    wsl, dsts = [], []
+    # packed-weight gather index: wpk[(ph, g), blk, ci*Jt + jpos, j] = w.flat[widx[...]]
+    # (w [Cin, Cog, *K]); the sentinel w.size (a zero appended to w) fills zero-weight
+    # positions and the padding channels of the last block
+    CB = _tile_cb(Cog)
+    nblk = -(-Cog // CB)
+    KT = K[0] * K[1] * K[2]
+    sentinel = groups * Cig * Cog * KT
+    widx = np.empty((len(active), groups, nblk, Cig * Jt, CB), dtype=np.int64)
+    cbase = ((np.arange(groups)[:, None, None] * Cig + np.arange(Cig)[None, :, None]) * Cog
+             + np.arange(nblk * CB)[None, None, :]) * KT           # [g, ci, co'] (co' padded)
+    dsts = []
     for ph, rr in enumerate(active):
         tp = [taps[a][rr[a]] for a in range(3)]
-        # the phase's taps form an arithmetic progression k0, k0 + ks, ...; reversed, they
-        # fill the last len(taps) positions
-        nk = [len(tp[a][0]) for a in range(3)]
-        ksl = tuple(slice(tp[a][0][-1], tp[a][0][0] - 1 if tp[a][0][0] else None,
-                          -(tp[a][0][1] - tp[a][0][0]) if nk[a] > 1 else -1) for a in range(3))
-        wsl.append((tuple(slice(J[a] - nk[a], None) for a in range(3)), ksl))
+        # reversed position jpos of axis a holds tap number J-1-jpos (zero weight when
+        # that is past the phase's taps)
+        kk = []
+        for a in range(3):
+            ks = tp[a][0]
+            kk.append(np.array([ks[J[a] - 1 - jp] if J[a] - 1 - jp < len(ks) else -1
+                                for jp in range(J[a])], dtype=np.int64))
+        kflat = ((kk[0][:, None, None] * K[1] + kk[1][None, :, None]) * K[2]
+                 + kk[2][None, None, :]).reshape(-1)
+        zero = ((kk[0][:, None, None] < 0) | (kk[1][None, :, None] < 0)
+                | (kk[2][None, None, :] < 0)).reshape(-1)
+        ix = cbase[:, :, None, :] + kflat[None, None, :, None]       # [g, ci, jpos, co']
+        ix[:, :, zero, :] = sentinel
+        ix[:, :, :, Cog:] = sentinel
+        widx[ph] = ix.reshape(groups, Cig * Jt, nblk, CB).transpose(0, 2, 1, 3)
         bo = [lo[a] + q0[a][rr[a]] - np.asarray(mpos[a][rr[a]], dtype=np.int64) for a in range(3)]
         toff = (bo[0][:, None, None] * (Hp * Wp) + bo[1][None, :, None] * Wp
                 + bo[2][None, None, :]).reshape(-1)
@@ -1174,7 +1204,7 @@ def _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog):
     G = len(active) * groups
     ochan = np.tile(np.arange(groups, dtype=np.int64) * Cog, len(active))
     geo = _geometry(offs.reshape(G, Cig * Jt), ochan, np.repeat(dst, groups, axis=0))
-    return lo, hi, J, wsl, idle, geo
+    return lo, hi, _frozen(widx.reshape(-1))[0], idle, geo
 
 
 def _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5):

@@ -121,6 +121,14 @@ def _finite_result(fname, out):
     return out
 
 
+def _checked(fname, out, finite):
+    """``out`` after the finiteness verdict of the kernel (``finite`` True/False), or after
+    scanning it when the kernel path did not check (``finite`` None)."""
+    if finite is None or not finite:
+        return _finite_result(fname, out)       # raises NumericOverflow when not finite
+    return out
+
+
 def _forward(fname, x, w, bias, stride, padding, dilation, groups):
     """Shared tail of convolution / depthwise_convolution (shapes already consistent)."""
     S = x.shape[2:]
@@ -135,11 +143,7 @@ def _forward(fname, x, w, bias, stride, padding, dilation, groups):
     out = _checks.alloc(fname, (x.shape[0], w.shape[0]) + O)
     _, finite = conv_nd(x, w, bias, stride, padding, dilation, groups, out=out,
                         report_finite=True)
-    if finite is None:          # this kernel path did not check: scan the output
-        return _finite_result(fname, out)
-    if not finite:
-        _finite_result(fname, out)      # raises NumericOverflow with the usual message
-    return out
+    return _checked(fname, out, finite)
 
 
 # --------------------------------------------------------------------------- public
@@ -256,8 +260,9 @@ def transposed_convolution(output_padding, options, x, weights, bias=None):
     _checks.check_size(fname, (x.shape[0], nph * cin) +
                        tuple(-(-O[a] // stride[a]) + K[a] * dilation[a] for a in range(rank)))
     out = _checks.alloc(fname, (x.shape[0], cout) + O)
-    conv_transpose_nd(x, w, b, stride, padding, dilation, op, groups, out=out)
-    return _finite_result(fname, out)
+    _, finite = conv_transpose_nd(x, w, b, stride, padding, dilation, op, groups, out=out,
+                                  report_finite=True)
+    return _checked(fname, out, finite)
 
 
 def depthwise_convolution(options, x, weights, bias=None):
