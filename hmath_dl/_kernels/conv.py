@@ -1110,7 +1110,7 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
         return (out, None) if report_finite else out
     xpad = np.empty((N, Cin) + hi, dtype=np.float64)
     _sized(pad_input, pad_input_serial, xpad.size, SERIAL_WORK)(x5, lo[0], lo[1], lo[2], xpad)
-    wpk = np.append(w5.reshape(-1), 0.0)[widx]          # one gather packs every phase
+    wpk = np.append(w5.reshape(-1), 0.0).take(widx)      # one gather packs every phase
     finite = _launch_tiled(xpad, wpk, Cog, geo, b, has_bias, out5,
                            out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2]))
     # the idle phases' outputs (bias or 0) are finite: the kernel saw every other one
