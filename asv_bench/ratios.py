@@ -38,23 +38,24 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.append(HERE)
 
-# In a worker process that times OUR side, hmath_dl is imported before torch: torch ships
-# its own libgomp under the soname libgomp.so.1, which Numba's OpenMP pool then shares, and
-# hmath_dl's default OMP_WAIT_POLICY=PASSIVE only reaches an OpenMP runtime that has not
-# started yet (with torch first, Numba's workers spin: a CNN step 6 -> 16 ms).  A worker
-# timing the PEER imports torch first, so torch keeps its own defaults.
+# A worker process that times OUR side does not load torch at all, as for a user of
+# hmath_dl alone: torch ships its own libgomp under the soname libgomp.so.1, which Numba's
+# OpenMP pool then shares -- initialised with torch's spin policy if torch came first (a
+# CNN step 6 -> 16 ms), and measurably slower for our kernels even when it came second
+# (conv2d 2.5 -> 3.5 ms).  A worker timing the PEER imports torch first, so torch keeps
+# its own defaults.
 _ROLE = sys.argv[sys.argv.index("--worker") + 1] if "--worker" in sys.argv[:-1] else None
 if _ROLE == "ours":
-    import hmath_dl  # noqa: E402,F401
-else:       # torch first on purpose (see above): hmath_dl's warning about it is expected
-    import warnings
-    warnings.filterwarnings("ignore", message="hmath_dl: an OpenMP runtime")
-
-try:
-    import torch
-    torch.set_num_threads(int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)))
-except Exception:  # pragma: no cover - torch absent
     torch = None
+else:
+    import warnings
+    # torch first on purpose (see above): hmath_dl's warning about that is expected
+    warnings.filterwarnings("ignore", message="hmath_dl: an OpenMP runtime")
+    try:
+        import torch
+        torch.set_num_threads(int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)))
+    except Exception:  # pragma: no cover - torch absent
+        torch = None
 
 import numba  # noqa: E402
 
@@ -401,8 +402,10 @@ def measure(ours, peer, repeats):
 def worker(role):
     """Serve timing requests on stdin for one side (``ours`` or ``peer``): each line
     ``NAME`` (a pair name) is answered by one line: the best per-call time of one timing
-    loop in seconds and the peer's name, or ``none`` when this side has no callable.  The first request of a
-    pair builds its inputs, warms it up and calibrates the loop length."""
+    loop in seconds and the peer's name, or ``none`` when this side has no callable.  The
+    first request of a pair builds its inputs, warms it up and calibrates the loop
+    length.  (The ours worker has no torch: it answers for our side even where the peer
+    is torch.)"""
     builders = {name: builder for name, _, builder in PAIRS}
     built = {}
     for line in sys.stdin:
@@ -410,7 +413,7 @@ def worker(role):
         if name not in built:
             ours, peer_name, peer = builders[name]()
             fn = ours if role == "ours" else peer
-            if fn is not None and peer is not None:
+            if fn is not None:
                 fn()
                 built[name] = (fn, calibrate(fn), peer_name)
             else:
@@ -434,7 +437,7 @@ def measure_isolated(procs, name, repeats):
             raise RuntimeError(f"the {role} worker died while timing {name!r}")
         if reply == "none":
             return None, None
-        t, peer_name = reply.split(" ", 1)
+        t, peer_name = (reply.split(" ", 1) + ["None"])[:2]
         return float(t), peer_name
 
     if ask("ours")[0] is None or ask("peer")[0] is None:     # build, warm up, calibrate
