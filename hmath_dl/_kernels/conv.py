@@ -277,6 +277,11 @@ def _is_c1(a, dt):
     return isinstance(a, types.Array) and a.layout == "C" and a.ndim == 1 and a.dtype == dt
 
 
+def _data(context, builder, aty, aval):
+    """The data pointer of the numba array value ``aval`` of type ``aty``."""
+    return context.make_array(aty)(context, builder, aval).data
+
+
 def _emit_chain(context, builder, xd, xb, od, wd, wb, nk, CB, V):
     """Emit the micro-kernel loop: for kk in 0 .. nk-1, load V 8-lane vectors of x at
     ``xd + xb + od[kk] + 8v``, broadcast the CB weights ``wd[wb + kk*CB + j]`` and update
@@ -339,11 +344,10 @@ def _make_micro(CB, V):
             xa, xb, oa, wa, wb, nk, aa = args
             vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
             i64 = llvm_ir.IntType(64)
-            accs = _emit_chain(context, builder,
-                               context.make_array(xft)(context, builder, xa).data, xb,
-                               context.make_array(offt)(context, builder, oa).data,
-                               context.make_array(wpkt)(context, builder, wa).data, wb, nk, CB, V)
-            ad = context.make_array(acct)(context, builder, aa).data
+            accs = _emit_chain(context, builder, _data(context, builder, xft, xa), xb,
+                               _data(context, builder, offt, oa),
+                               _data(context, builder, wpkt, wa), wb, nk, CB, V)
+            ad = _data(context, builder, acct, aa)
             for j in range(CB):
                 for v in range(V):
                     p = builder.gep(ad, [llvm_ir.Constant(i64, (j * V + v) * _VW)])
@@ -384,12 +388,11 @@ def _make_micro_store(CB, V):
             xa, xb, oa, wa, wb, nk, ofa, ob, ost, nbv, ba, bb, hb = args
             vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
             i64 = llvm_ir.IntType(64)
-            accs = _emit_chain(context, builder,
-                               context.make_array(xft)(context, builder, xa).data, xb,
-                               context.make_array(offt)(context, builder, oa).data,
-                               context.make_array(wpkt)(context, builder, wa).data, wb, nk, CB, V)
-            od = context.make_array(oft)(context, builder, ofa).data
-            bd = context.make_array(bt)(context, builder, ba).data
+            accs = _emit_chain(context, builder, _data(context, builder, xft, xa), xb,
+                               _data(context, builder, offt, oa),
+                               _data(context, builder, wpkt, wa), wb, nk, CB, V)
+            od = _data(context, builder, oft, ofa)
+            bd = _data(context, builder, bt, ba)
             undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
             zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
             lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
