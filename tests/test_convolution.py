@@ -302,6 +302,8 @@ outs = [
                       (2,), (1,), (1,), (1,), 1),
     conv_transpose_nd(g.standard_normal((2, 3, 3, 5)), g.standard_normal((3, 9, 3, 2)), None,
                       (3, 2), (1, 0), (1, 1), (2, 1), 1),
+    conv_transpose_nd(g.standard_normal((2, 3, 3, 9)), g.standard_normal((3, 7, 2, 3)), None,
+                      (1, 2), (0, 1), (1, 1), (0, 1), 1),
     # row tiles with remainders, wide tiles, both ending at the last input element
     conv_nd(g.standard_normal((1, 2, 3, 45)), g.standard_normal((7, 2, 2, 3)), None,
             (1, 1), (0, 0), (1, 1), 1),
@@ -385,6 +387,35 @@ def test_wide_tiled_and_transposed_kernels_report_a_single_overflowing_output(wh
         transposed_convolution(0, ConvOptions(2, 0, 1), x, wt, None)
     wt[0, :, 2, 2] = 1.0
     assert np.isfinite(transposed_convolution(0, ConvOptions(2, 0, 1), x, wt, None)).all()
+
+
+@pytest.mark.parametrize("xs, ws, s, p, d, op, groups", [
+    ((2, 3, 4, 17), (3, 7, 3, 4), (2, 2), (1, 1), (1, 1), (1, 0), 1),    # rows of 32 + 2
+    ((1, 4, 5, 9), (4, 6, 2, 3), (1, 2), (0, 2), (2, 1), (0, 1), 2),     # rows of 16
+    ((2, 2, 23), (2, 13, 5), (2,), (2,), (1,), (1,), 1),                 # 1-D, 32 + 14
+    ((1, 2, 2, 3, 6), (2, 6, 2, 2, 4), (2, 1, 2), (0, 1, 1), (1, 1, 1), (1, 0, 1), 1),  # 13
+])
+def test_two_phase_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, op, groups):
+    """Stride 2 along W with >= 6 output channels per group takes the row kernel that
+    computes both W phases at once (contiguous stores, row remainders through a buffer or
+    the scalar chain); it must give the generic kernel's bytes and match the oracle."""
+    from hmath_dl._kernels import conv as K
+    g = np.random.default_rng(16)
+    x, w = g.standard_normal(xs), g.standard_normal(ws)
+    b = g.standard_normal(ws[1] * groups)
+    geo = K._transpose_geometry(
+        K._pad3(xs[2:], 1), K._pad3(ws[2:], 1), K._pad3(s, 1), K._pad3(p, 0), K._pad3(d, 1),
+        K._pad3(tuple((xs[2 + a] - 1) * s[a] - 2 * p[a] + d[a] * (ws[2 + a] - 1) + op[a] + 1
+                      for a in range(len(s))), 1), groups, xs[1] // groups, ws[1])
+    assert geo[-1] is not None            # the two-phase row kernel applies
+    got = conv_transpose_nd(x, w, b, s, p, d, op, groups)
+    windows = np.empty_like(got)
+    O = got.shape[2:]
+    K._conv_transpose_windows(K._as5(x), K._as5(w), b, True, K._pad3(s, 1), K._pad3(p, 0),
+                              K._pad3(d, 1), K._pad3(O, 1), groups, windows, K._out5(windows))
+    assert got.tobytes() == windows.tobytes()
+    ref, mag = conv_transpose_reference(x, w, b, s, p, d, op, groups)
+    assert_matches(got, ref, mag, w.shape[0] * w[0, 0].size)
 
 
 # --------------------------------------------------------------------------- input handling
@@ -599,6 +630,7 @@ def test_bitwise_identical_for_1_and_2_threads_and_for_serial_twins(monkeypatch)
                convolution(ConvOptions(1, 0, 1, 2), x[:, :, :7, :12], w, b),
                convolution(ConvOptions(2, 1, (1, 2), 2), x, w, b),
                transposed_convolution(1, ConvOptions(2, 1, 1, 2), x, g.standard_normal((8, 5, 3, 3)), None),
+               transposed_convolution(1, ConvOptions(2, 1, 1, 2), x, g.standard_normal((8, 7, 3, 4)), b[:7].repeat(2)),
                depthwise_convolution(ConvOptions(1, 1, 1), x, g.standard_normal((16, 1, 3, 3)), None),
                conv_weight_grad_nd(x, g.standard_normal((3, 12, 20, 19)), (3, 3), (1, 1), (1, 1), (1, 1), 2)]
         for o in out:

@@ -315,6 +315,140 @@ def _emit_chain(context, builder, xd, xb, od, wd, wb, nk, CB, V):
     return [[builder.load(slots[j][v]) for v in range(V)] for j in range(CB)]
 
 
+def _emit_store(context, builder, accs, od, ob, ost, nbv, bd, bb, hb, CB, V):
+    """Emit the store epilogue of a micro-kernel: ``od[ob + j*ost + 8v + l] = accs[j][v][l]
+    (+ bd[bb + j] when hb)`` for ``j < nbv``; returns an i1 that is true iff every stored
+    value is finite (the max of the exponent fields, all ones only for NaN/inf, kept as a
+    vector and reduced once)."""
+    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+    i64 = llvm_ir.IntType(64)
+    undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+    lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+    hbit = builder.trunc(hb, llvm_ir.IntType(1)) if hb.type != llvm_ir.IntType(1) else hb
+    ity = llvm_ir.VectorType(i64, _VW)
+    expm = llvm_ir.Constant(ity, [0x7FF0000000000000] * _VW)
+    mx = cgutils.alloca_once_value(builder, llvm_ir.Constant(ity, [0] * _VW))
+    for j in range(CB):
+        jc = llvm_ir.Constant(i64, j)
+        with builder.if_then(builder.icmp_signed("<", jc, nbv)):
+            row = builder.gep(od, [builder.add(ob, builder.mul(jc, ost))])
+            bj = builder.load(builder.gep(bd, [builder.add(bb, jc)]))
+            bsp = builder.shuffle_vector(builder.insert_element(undef, bj, lane0), undef, zmask)
+            m = builder.load(mx)
+            for v in range(V):
+                val = builder.select(hbit, builder.fadd(accs[j][v], bsp), accs[j][v])
+                p = builder.gep(row, [llvm_ir.Constant(i64, v * _VW)])
+                builder.store(val, builder.bitcast(p, vty.as_pointer()), align=8)
+                e = builder.and_(builder.bitcast(val, ity), expm)
+                m = builder.select(builder.icmp_unsigned(">", e, m), e, m)
+            builder.store(m, mx)
+    bad = builder.icmp_unsigned("==", builder.load(mx), expm)
+    anybad = builder.extract_element(bad, lane0)
+    for lane in range(1, _VW):
+        anybad = builder.or_(anybad, builder.extract_element(
+            bad, llvm_ir.Constant(llvm_ir.IntType(32), lane)))
+    return builder.not_(anybad)
+
+
+def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V):
+    """Emit the loop of the two-phase micro-kernel (transposed convolution with stride 2
+    along W): two register tiles of CB channels x V vectors of 8, one per W phase, in the
+    same loop over the terms kk: phase a reads ``xd + xb + oa[kk] + 8v`` and weights
+    ``wd[wb + kk*2CB + j]``, phase b ``xd + xb + ob_[kk] + 8v`` and ``wd[wb + kk*2CB + CB +
+    j]`` (one fused multiply-add per term, as everywhere here).  Returns, per channel, the
+    2V output vectors of 8 consecutive outputs with the two phases interleaved (even
+    outputs from phase a, odd ones from phase b)."""
+    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+    i64 = llvm_ir.IntType(64)
+    fma = cgutils.get_or_insert_function(
+        builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v%df64" % _VW)
+    zero = llvm_ir.Constant(vty, [0.0] * _VW)
+    slots = [[[cgutils.alloca_once_value(builder, zero) for _ in range(V)] for _ in range(CB)]
+             for _ in range(2)]
+    undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+    lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+    px0 = builder.gep(xd, [xb])
+    pw0 = builder.gep(wd, [wb])
+    with cgutils.for_range(builder, nk) as loop:
+        kk = loop.index
+        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, 2 * CB))])
+        for ph, offs in enumerate((oa, ob_)):
+            px = builder.gep(px0, [builder.load(builder.gep(offs, [kk]))])
+            xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * _VW)]),
+                                               vty.as_pointer()), align=8)
+                  for v in range(V)]
+            for j in range(CB):
+                wj = builder.load(builder.gep(pw, [llvm_ir.Constant(i64, ph * CB + j)]))
+                sp = builder.shuffle_vector(builder.insert_element(undef, wj, lane0), undef, zmask)
+                for v in range(V):
+                    slot = slots[ph][j][v]
+                    builder.store(builder.call(fma, [sp, xs[v], builder.load(slot)]), slot)
+    i32 = llvm_ir.IntType(32)
+    lo_mask = llvm_ir.Constant(llvm_ir.VectorType(i32, _VW), [0, 8, 1, 9, 2, 10, 3, 11])
+    hi_mask = llvm_ir.Constant(llvm_ir.VectorType(i32, _VW), [4, 12, 5, 13, 6, 14, 7, 15])
+    outs = []
+    for j in range(CB):
+        row = []
+        for v in range(V):
+            a = builder.load(slots[0][j][v])
+            b = builder.load(slots[1][j][v])
+            row += [builder.shuffle_vector(a, b, lo_mask), builder.shuffle_vector(a, b, hi_mask)]
+        outs.append(row)
+    return outs
+
+
+def _make_micro_pair(CB, V, store):
+    """The two-phase micro-kernel (:func:`_emit_chain_pair`) for CB channels x 16V
+    consecutive outputs of one row.  ``store``: the outputs go to the output row like
+    :func:`_make_micro_store` (returns True iff all are finite); else to ``acc[j*16V + i]``
+    (returns True).  Same argument list either way: ``(xf, xbase, offs_a, offs_b, wpk,
+    wbase, K, of, obase, ostride, nb, bias, bbase, has_bias, acc)``.  The caller
+    guarantees every address is inside its array."""
+
+    @intrinsic
+    def micro(typingctx, xf, xbase, oa, ob_, wpk, wbase, K, of, obase, ostride, nb, bias,
+              bbase, has_bias, acc):
+        if not (_is_c1(xf, types.float64) and _is_c1(wpk, types.float64)
+                and _is_c1(of, types.float64) and _is_c1(bias, types.float64)
+                and _is_c1(acc, types.float64) and _is_c1(oa, types.int64)
+                and _is_c1(ob_, types.int64)):
+            return None
+        if not all(isinstance(t, types.Integer) for t in (xbase, wbase, K, obase, ostride, nb,
+                                                           bbase)):
+            return None
+        if not isinstance(has_bias, types.Boolean):
+            return None
+        i64t = types.int64
+        sig = types.boolean(xf, i64t, oa, ob_, wpk, i64t, i64t, of, i64t, i64t, i64t, bias, i64t,
+                            types.boolean, acc)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            xa, xb, oaa, oba, wa, wb, nk, ofa, obs, ost, nbv, ba, bb, hb, aa = args
+            outs = _emit_chain_pair(context, builder, _data(context, builder, t[0], xa), xb,
+                                    _data(context, builder, t[2], oaa),
+                                    _data(context, builder, t[3], oba),
+                                    _data(context, builder, t[4], wa), wb, nk, CB, V)
+            if store:
+                return _emit_store(context, builder, outs, _data(context, builder, t[7], ofa),
+                                   obs, ost, nbv, _data(context, builder, t[11], ba), bb, hb,
+                                   CB, 2 * V)
+            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+            ad = _data(context, builder, t[14], aa)
+            for j in range(CB):
+                for v in range(2 * V):
+                    p = builder.gep(ad, [llvm_ir.Constant(llvm_ir.IntType(64),
+                                                          (j * 2 * V + v) * _VW)])
+                    builder.store(outs[j][v], builder.bitcast(p, vty.as_pointer()), align=8)
+            return llvm_ir.Constant(llvm_ir.IntType(1), 1)
+
+        return sig, codegen
+
+    return micro
+
+
 def _make_micro(CB, V):
     """Build the register-tiled micro-kernel for ``CB`` output channels x ``V`` vectors of
     8 consecutive output positions (``CB * V`` 512-bit accumulators, at most 24 so that
@@ -391,39 +525,8 @@ def _make_micro_store(CB, V):
             accs = _emit_chain(context, builder, _data(context, builder, xft, xa), xb,
                                _data(context, builder, offt, oa),
                                _data(context, builder, wpkt, wa), wb, nk, CB, V)
-            od = _data(context, builder, oft, ofa)
-            bd = _data(context, builder, bt, ba)
-            undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-            zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
-            lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
-            hbit = builder.trunc(hb, llvm_ir.IntType(1)) if hb.type != llvm_ir.IntType(1) else hb
-            # finiteness of what is stored: the max of the exponent fields (all ones only
-            # for NaN/inf), kept as a vector and reduced once at the end
-            ity = llvm_ir.VectorType(i64, _VW)
-            expm = llvm_ir.Constant(ity, [0x7FF0000000000000] * _VW)
-            mx = cgutils.alloca_once_value(builder, llvm_ir.Constant(ity, [0] * _VW))
-            for j in range(CB):
-                jc = llvm_ir.Constant(i64, j)
-                with builder.if_then(builder.icmp_signed("<", jc, nbv)):
-                    row = builder.gep(od, [builder.add(ob, builder.mul(jc, ost))])
-                    bj = builder.load(builder.gep(bd, [builder.add(bb, jc)]))
-                    bsp = builder.shuffle_vector(builder.insert_element(undef, bj, lane0), undef,
-                                                 zmask)
-                    m = builder.load(mx)
-                    for v in range(V):
-                        val = builder.select(hbit, builder.fadd(accs[j][v], bsp), accs[j][v])
-                        p = builder.gep(row, [llvm_ir.Constant(i64, v * _VW)])
-                        builder.store(val, builder.bitcast(p, vty.as_pointer()), align=8)
-                        e = builder.and_(builder.bitcast(val, ity), expm)
-                        m = builder.select(builder.icmp_unsigned(">", e, m), e, m)
-                    builder.store(m, mx)
-            m = builder.load(mx)
-            bad = builder.icmp_unsigned("==", m, expm)
-            anybad = builder.extract_element(bad, lane0)
-            for lane in range(1, _VW):
-                anybad = builder.or_(anybad, builder.extract_element(
-                    bad, llvm_ir.Constant(llvm_ir.IntType(32), lane)))
-            return builder.not_(anybad)
+            return _emit_store(context, builder, accs, _data(context, builder, oft, ofa), ob,
+                               ost, nbv, _data(context, builder, bt, ba), bb, hb, CB, V)
 
         return sig, codegen
 
@@ -526,6 +629,92 @@ def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, o
                                 of[obase + j * oplane + i] = v
                                 ok &= np.isfinite(v)
                 c += cw if V == 0 else V * _VW
+        finite[t] = ok
+    return finite.all()
+
+
+_pair_6x2 = _make_micro_pair(6, 2, True)   # 6 channels x 32 outputs, both W phases
+_pair_6x1 = _make_micro_pair(6, 1, True)   # 6 channels x 16 outputs
+_pair_6x1_acc = _make_micro_pair(6, 1, False)   # row remainders (< 16 outputs), into a buffer
+_PAIR_VL = 2 * _VW                          # outputs per vector pair of the two phases
+
+
+@kernel
+def conv_transpose_rows(xf, xstride, wpk, offs, maxoff, ph_a, ph_b, row_h, row_o, row_x,
+                        bias, has_bias, Cog, groups, OW, rows_per_it, out):
+    """Transposed convolution with stride 2 along W, output row by output row, both W
+    phases interleaved in every vector (:func:`_make_micro_pair`), so whole rows of the
+    output are stored with contiguous vector stores (the wide-tiled path scatters each
+    phase to every other element).  The same sums in the same order as
+    :func:`conv_forward_tiled` on the phase decomposition -- the same bits.
+
+    Output row ``r`` (``out[n, co].flat[row_o[r] : row_o[r] + OW]``) belongs to the D/H
+    phase ``h = row_h[r]``; its even outputs (relative to the padding parity) come from
+    term group ``ph_a[h] * groups + g`` and the odd ones from ``ph_b[h] * groups + g``
+    (rows of ``offs``/``maxoff``), output ``ow`` reading ``xf[n*xstride + row_x[r] +
+    ow // 2 + offs[group, kk]]``.  ``wpk [H, groups, nblk, K, 6, 8]`` interleaves the two
+    phases' packed weights lane by lane; ``bias`` has length Cout (zeros when unused).
+    Returns True iff every output is finite.  Parallel over (batch item, group, run of
+    ``rows_per_it`` rows)."""
+    N, Cout = out.shape[0], out.shape[1]
+    oplane = out.shape[2]
+    of = out.reshape(-1)
+    K = offs.shape[1]
+    CB = _ROW_CB
+    nblk = (Cog + CB - 1) // CB
+    R = row_h.shape[0]
+    nit = (R + rows_per_it - 1) // rows_per_it
+    finite = np.ones(N * groups * nit, dtype=np.bool_)
+    for t in prange(N * groups * nit):
+        it = t % nit
+        r_ = t // nit
+        g = r_ % groups
+        n = r_ // groups
+        ok = True
+        acc = np.empty(CB * _PAIR_VL)
+        for r in range(it * rows_per_it, min(R, (it + 1) * rows_per_it)):
+            h = row_h[r]
+            ga = ph_a[h] * groups + g
+            gb = ph_b[h] * groups + g
+            oa = offs[ga]
+            ob = offs[gb]
+            mo = max(maxoff[ga], maxoff[gb])
+            xrow = n * xstride + row_x[r]
+            c = 0
+            while c < OW:
+                V = min(2, (OW - c) // _PAIR_VL)
+                ln = V * _PAIR_VL if V > 0 else OW - c
+                xbase = xrow + c // 2
+                safe = xbase + mo + _VW * max(V, 1) <= xf.shape[0]
+                for b in range(nblk):
+                    wbase = (((h * groups + g) * nblk + b) * K) * 2 * CB
+                    co0 = g * Cog + b * CB
+                    nb = min(CB, Cog - b * CB)
+                    obase = (n * Cout + co0) * oplane + row_o[r] + c
+                    if safe and V == 2:
+                        ok &= _pair_6x2(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane, nb,
+                                        bias, co0, has_bias, acc)
+                    elif safe and V == 1:
+                        ok &= _pair_6x1(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane, nb,
+                                        bias, co0, has_bias, acc)
+                    else:
+                        if safe:
+                            _pair_6x1_acc(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane,
+                                          nb, bias, co0, has_bias, acc)
+                        for j in range(nb):
+                            for i in range(ln):
+                                if safe:
+                                    a = acc[j * _PAIR_VL + i]
+                                else:
+                                    oo = oa if i % 2 == 0 else ob
+                                    a = 0.0
+                                    for kk in range(K):
+                                        a = _fma(wpk[wbase + kk * 2 * CB + (i % 2) * CB + j],
+                                                 xf[xbase + i // 2 + oo[kk]], a)
+                                v = a + bias[co0 + j] if has_bias else a
+                                of[obase + j * oplane + i] = v
+                                ok &= np.isfinite(v)
+                c += ln
         finite[t] = ok
     return finite.all()
 
@@ -1106,18 +1295,89 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     if Cog < 4 or not tiled_kernels_enabled():
         _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5)
         return (out, None) if report_finite else out
-    lo, hi, widx, idle, geo = _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog)
+    lo, hi, widx, idle, geo, pair = _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog)
     for sl in idle:            # no tap reaches these outputs: bias only
         out5[(slice(None), slice(None)) + sl] = b.reshape(-1, 1, 1, 1) if has_bias else 0.0
     if widx is None:
         return (out, None) if report_finite else out
     xpad = np.empty((N, Cin) + hi, dtype=np.float64)
     _sized(pad_input, pad_input_serial, xpad.size, SERIAL_WORK)(x5, lo[0], lo[1], lo[2], xpad)
-    wpk = np.append(w5.reshape(-1), 0.0).take(widx)      # one gather packs every phase
-    finite = _launch_tiled(xpad, wpk, Cog, geo, b, has_bias, out5,
-                           out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2]))
+    fmas = out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2])
+    wext = np.append(w5.reshape(-1), 0.0)
+    if pair is not None:
+        # stride 2 along W: whole output rows, both W phases interleaved in every vector
+        ph_a, ph_b, row_h, row_o, row_x, wpair = pair
+        offs, maxoff = geo[0], geo[1]
+        finite = bool(_sized(conv_transpose_rows, conv_transpose_rows_serial, fmas, _SERIAL_FMA)(
+            xpad.reshape(-1), xpad.size // N, wext.take(wpair), offs, maxoff, ph_a, ph_b, row_h,
+            row_o, row_x, b if has_bias else np.zeros(Cout), has_bias, Cog, groups, O[2],
+            max(1, min(len(row_h), 192 // O[2])), out5.reshape(N, Cout, -1)))
+    else:
+        wpk = wext.take(widx)                # one gather packs every phase
+        finite = _launch_tiled(xpad, wpk, Cog, geo, b, has_bias, out5, fmas)
     # the idle phases' outputs (bias or 0) are finite: the kernel saw every other one
     return (out, finite) if report_finite else out
+
+
+def _transpose_widx(active, taps, J, K, groups, Cig, Cog, CB):
+    """Packed-weight gather index of a transposed convolution's phases:
+    ``wpk[ph, g, blk, ci*Jt + jpos, j] = w.flat[widx[...]]`` (``w [Cin, Cog, *K]``, ``ph``
+    over the active phases, CB channels per block); the sentinel ``w.size`` (a zero
+    appended to ``w``) fills zero-weight positions and the padding channels of the last
+    block.  Reversed position ``jpos`` of axis a holds tap number ``J-1-jpos`` of the
+    phase (zero weight when that is past the phase's taps)."""
+    nblk = -(-Cog // CB)
+    KT = K[0] * K[1] * K[2]
+    Jt = J[0] * J[1] * J[2]
+    sentinel = groups * Cig * Cog * KT
+    widx = np.empty((len(active), groups, nblk, Cig * Jt, CB), dtype=np.int64)
+    cbase = ((np.arange(groups)[:, None, None] * Cig + np.arange(Cig)[None, :, None]) * Cog
+             + np.arange(nblk * CB)[None, None, :]) * KT           # [g, ci, co'] (co' padded)
+    for ph, rr in enumerate(active):
+        kk = []
+        for a in range(3):
+            ks = taps[a][rr[a]][0]
+            kk.append(np.array([ks[J[a] - 1 - jp] if J[a] - 1 - jp < len(ks) else -1
+                                for jp in range(J[a])], dtype=np.int64))
+        kflat = ((kk[0][:, None, None] * K[1] + kk[1][None, :, None]) * K[2]
+                 + kk[2][None, None, :]).reshape(-1)
+        zero = ((kk[0][:, None, None] < 0) | (kk[1][None, :, None] < 0)
+                | (kk[2][None, None, :] < 0)).reshape(-1)
+        ix = cbase[:, :, None, :] + kflat[None, None, :, None]       # [g, ci, jpos, co']
+        ix[:, :, zero, :] = sentinel
+        ix[:, :, :, Cog:] = sentinel
+        widx[ph] = ix.reshape(groups, Cig * Jt, nblk, CB).transpose(0, 2, 1, 3)
+    return widx
+
+
+def _pair_rows(active, taps, J, K, s, p, start, count, O, hi, groups, Cig, Cog):
+    """For :func:`conv_transpose_rows` (stride 2 along W, at least 6 output channels per
+    group, both W phases of every D/H phase active): the D/H phases ``h`` with the
+    active-phase indices of their even (``ph_a``) and odd (``ph_b``) output columns, every
+    output row's phase, flat offset and input row base, and the lane-interleaved weight
+    gather index.  None when the kernel does not apply."""
+    if s[2] != 2 or Cog < _ROW_CB:
+        return None
+    index = {rr: i for i, rr in enumerate(active)}
+    r0 = p[2] % 2                       # output column 0 (and every even one) is this phase
+    hd = sorted({(rr[0], rr[1]) for rr in active})
+    if any((a, b, w) not in index for a, b in hd for w in (0, 1)):
+        return None
+    ph_a = np.array([index[(a, b, r0)] for a, b in hd], dtype=np.int64)
+    ph_b = np.array([index[(a, b, 1 - r0)] for a, b in hd], dtype=np.int64)
+    row_h, row_o, row_x = [], [], []
+    for h, (rd, rh) in enumerate(hd):
+        for jd in range(count[0][rd]):
+            od = start[0][rd] + s[0] * jd
+            for jh in range(count[1][rh]):
+                oh = start[1][rh] + s[1] * jh
+                row_h.append(h)
+                row_o.append((od * O[1] + oh) * O[2])
+                row_x.append((jd * hi[1] + jh) * hi[2])
+    w6 = _transpose_widx(active, taps, J, K, groups, Cig, Cog, _ROW_CB)
+    wpair = np.stack([w6[ph_a], w6[ph_b]], axis=-2)          # [h, g, blk, K, 2, CB]
+    return _frozen(ph_a, ph_b, np.array(row_h), np.array(row_o), np.array(row_x),
+                   wpair.reshape(-1))
 
 
 @functools.lru_cache(maxsize=128)
@@ -1145,7 +1405,7 @@ def _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog):
                 else:
                     idle.append(tuple(slice(start[a][rr[a]], None, s[a]) for a in range(3)))
     if not active:
-        return (0, 0, 0), (0, 0, 0), None, idle, None
+        return (0, 0, 0), (0, 0, 0), None, idle, None, None
     # the m offset of every reversed tap position, per axis and phase (zero-weight
     # positions reuse the first tap's offset: any in-range address will do)
     mpos = [[None] * s[a] for a in range(3)]
@@ -1165,34 +1425,9 @@ def _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog):
     Jt = J[0] * J[1] * J[2]
     offs = np.empty((len(active), groups, Cig, Jt), dtype=np.int64)
     chan = np.arange(groups * Cig, dtype=np.int64).reshape(groups, Cig, 1) * plane
-    # packed-weight gather index: wpk[(ph, g), blk, ci*Jt + jpos, j] = w.flat[widx[...]]
-    # (w [Cin, Cog, *K]); the sentinel w.size (a zero appended to w) fills zero-weight
-    # positions and the padding channels of the last block
-    CB = _tile_cb(Cog)
-    nblk = -(-Cog // CB)
-    KT = K[0] * K[1] * K[2]
-    sentinel = groups * Cig * Cog * KT
-    widx = np.empty((len(active), groups, nblk, Cig * Jt, CB), dtype=np.int64)
-    cbase = ((np.arange(groups)[:, None, None] * Cig + np.arange(Cig)[None, :, None]) * Cog
-             + np.arange(nblk * CB)[None, None, :]) * KT           # [g, ci, co'] (co' padded)
+    widx = _transpose_widx(active, taps, J, K, groups, Cig, Cog, _tile_cb(Cog))
     dsts = []
     for ph, rr in enumerate(active):
-        tp = [taps[a][rr[a]] for a in range(3)]
-        # reversed position jpos of axis a holds tap number J-1-jpos (zero weight when
-        # that is past the phase's taps)
-        kk = []
-        for a in range(3):
-            ks = tp[a][0]
-            kk.append(np.array([ks[J[a] - 1 - jp] if J[a] - 1 - jp < len(ks) else -1
-                                for jp in range(J[a])], dtype=np.int64))
-        kflat = ((kk[0][:, None, None] * K[1] + kk[1][None, :, None]) * K[2]
-                 + kk[2][None, None, :]).reshape(-1)
-        zero = ((kk[0][:, None, None] < 0) | (kk[1][None, :, None] < 0)
-                | (kk[2][None, None, :] < 0)).reshape(-1)
-        ix = cbase[:, :, None, :] + kflat[None, None, :, None]       # [g, ci, jpos, co']
-        ix[:, :, zero, :] = sentinel
-        ix[:, :, :, Cog:] = sentinel
-        widx[ph] = ix.reshape(groups, Cig * Jt, nblk, CB).transpose(0, 2, 1, 3)
         bo = [lo[a] + q0[a][rr[a]] - np.asarray(mpos[a][rr[a]], dtype=np.int64) for a in range(3)]
         toff = (bo[0][:, None, None] * (Hp * Wp) + bo[1][None, :, None] * Wp
                 + bo[2][None, None, :]).reshape(-1)
@@ -1207,7 +1442,8 @@ def _transpose_geometry(S, K, s, p, d, O, groups, Cig, Cog):
     G = len(active) * groups
     ochan = np.tile(np.arange(groups, dtype=np.int64) * Cog, len(active))
     geo = _geometry(offs.reshape(G, Cig * Jt), ochan, np.repeat(dst, groups, axis=0))
-    return lo, hi, _frozen(widx.reshape(-1))[0], idle, geo
+    pair = _pair_rows(active, taps, J, K, s, p, start, count, O, hi, groups, Cig, Cog)
+    return lo, hi, _frozen(widx.reshape(-1))[0], idle, geo, pair
 
 
 def _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5):
@@ -1308,6 +1544,7 @@ pad_split_serial = serial_twin(pad_split)
 conv_forward_serial = serial_twin(conv_forward)
 conv_forward_rows_serial = serial_twin(conv_forward_rows)
 conv_forward_tiled_serial = serial_twin(conv_forward_tiled)
+conv_transpose_rows_serial = serial_twin(conv_transpose_rows)
 
 
 def _sized(kernel_, serial, work, limit):
