@@ -351,23 +351,23 @@ def _emit_store(context, builder, accs, od, ob, ost, nbv, bd, bb, hb, CB, V):
     return builder.not_(anybad)
 
 
-def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V):
+def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V, VW=_VW):
     """Emit the loop of the two-phase micro-kernel (transposed convolution with stride 2
     along W): two register tiles of CB channels x V vectors of 8, one per W phase, in the
     same loop over the terms kk: phase a reads ``xd + xb + oa[kk] + 8v`` and weights
     ``wd[wb + kk*2CB + j]``, phase b ``xd + xb + ob_[kk] + 8v`` and ``wd[wb + kk*2CB + CB +
     j]`` (one fused multiply-add per term, as everywhere here).  Returns, per channel, the
-    2V output vectors of 8 consecutive outputs with the two phases interleaved (even
-    outputs from phase a, odd ones from phase b)."""
-    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+    2V output vectors of ``VW`` (8, or 4 for short row remainders) consecutive outputs
+    with the two phases interleaved (even outputs from phase a, odd ones from phase b)."""
+    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), VW)
     i64 = llvm_ir.IntType(64)
     fma = cgutils.get_or_insert_function(
-        builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v%df64" % _VW)
-    zero = llvm_ir.Constant(vty, [0.0] * _VW)
+        builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v%df64" % VW)
+    zero = llvm_ir.Constant(vty, [0.0] * VW)
     slots = [[[cgutils.alloca_once_value(builder, zero) for _ in range(V)] for _ in range(CB)]
              for _ in range(2)]
     undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), VW), [0] * VW)
     lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
     px0 = builder.gep(xd, [xb])
     pw0 = builder.gep(wd, [wb])
@@ -376,7 +376,7 @@ def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V):
         pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, 2 * CB))])
         for ph, offs in enumerate((oa, ob_)):
             px = builder.gep(px0, [builder.load(builder.gep(offs, [kk]))])
-            xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * _VW)]),
+            xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * VW)]),
                                                vty.as_pointer()), align=8)
                   for v in range(V)]
             for j in range(CB):
@@ -386,8 +386,11 @@ def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V):
                     slot = slots[ph][j][v]
                     builder.store(builder.call(fma, [sp, xs[v], builder.load(slot)]), slot)
     i32 = llvm_ir.IntType(32)
-    lo_mask = llvm_ir.Constant(llvm_ir.VectorType(i32, _VW), [0, 8, 1, 9, 2, 10, 3, 11])
-    hi_mask = llvm_ir.Constant(llvm_ir.VectorType(i32, _VW), [4, 12, 5, 13, 6, 14, 7, 15])
+    half = VW // 2
+    lo_mask = llvm_ir.Constant(llvm_ir.VectorType(i32, VW),
+                               [k for i in range(half) for k in (i, VW + i)])
+    hi_mask = llvm_ir.Constant(llvm_ir.VectorType(i32, VW),
+                               [k for i in range(half, VW) for k in (i, VW + i)])
     outs = []
     for j in range(CB):
         row = []
@@ -399,11 +402,11 @@ def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V):
     return outs
 
 
-def _make_micro_pair(CB, V, store):
-    """The two-phase micro-kernel (:func:`_emit_chain_pair`) for CB channels x 16V
-    consecutive outputs of one row.  ``store``: the outputs go to the output row like
-    :func:`_make_micro_store` (returns True iff all are finite); else to ``acc[j*16V + i]``
-    (returns True).  Same argument list either way: ``(xf, xbase, offs_a, offs_b, wpk,
+def _make_micro_pair(CB, V, store, VW=_VW):
+    """The two-phase micro-kernel (:func:`_emit_chain_pair`) for CB channels x 2*VW*V
+    consecutive outputs of one row.  ``store`` (8 lanes only): the outputs go to the output
+    row like :func:`_make_micro_store` (returns True iff all are finite); else to
+    ``acc[j*2*VW*V + i]`` (returns True).  Same argument list either way: ``(xf, xbase, offs_a, offs_b, wpk,
     wbase, K, of, obase, ostride, nb, bias, bbase, has_bias, acc)``.  The caller
     guarantees every address is inside its array."""
 
@@ -430,17 +433,17 @@ def _make_micro_pair(CB, V, store):
             outs = _emit_chain_pair(context, builder, _data(context, builder, t[0], xa), xb,
                                     _data(context, builder, t[2], oaa),
                                     _data(context, builder, t[3], oba),
-                                    _data(context, builder, t[4], wa), wb, nk, CB, V)
+                                    _data(context, builder, t[4], wa), wb, nk, CB, V, VW)
             if store:
                 return _emit_store(context, builder, outs, _data(context, builder, t[7], ofa),
                                    obs, ost, nbv, _data(context, builder, t[11], ba), bb, hb,
                                    CB, 2 * V)
-            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), VW)
             ad = _data(context, builder, t[14], aa)
             for j in range(CB):
                 for v in range(2 * V):
                     p = builder.gep(ad, [llvm_ir.Constant(llvm_ir.IntType(64),
-                                                          (j * 2 * V + v) * _VW)])
+                                                          (j * 2 * V + v) * VW)])
                     builder.store(outs[j][v], builder.bitcast(p, vty.as_pointer()), align=8)
             return llvm_ir.Constant(llvm_ir.IntType(1), 1)
 
@@ -635,7 +638,8 @@ def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, o
 
 _pair_6x2 = _make_micro_pair(6, 2, True)   # 6 channels x 32 outputs, both W phases
 _pair_6x1 = _make_micro_pair(6, 1, True)   # 6 channels x 16 outputs
-_pair_6x1_acc = _make_micro_pair(6, 1, False)   # row remainders (< 16 outputs), into a buffer
+_pair_6x1_acc = _make_micro_pair(6, 1, False)   # row remainders of 9-15 outputs, into a buffer
+_pair_6x1_acc4 = _make_micro_pair(6, 1, False, 4)   # row remainders of 1-8 outputs (4-lane)
 _PAIR_VL = 2 * _VW                          # outputs per vector pair of the two phases
 
 
@@ -686,6 +690,7 @@ def conv_transpose_rows(xf, xstride, wpk, offs, maxoff, ph_a, ph_b, row_h, row_o
                 ln = V * _PAIR_VL if V > 0 else OW - c
                 xbase = xrow + c // 2
                 safe = xbase + mo + _VW * max(V, 1) <= xf.shape[0]
+                short = V == 0 and ln <= _VW        # the 4-lane remainder kernel suffices
                 for b in range(nblk):
                     wbase = (((h * groups + g) * nblk + b) * K) * 2 * CB
                     co0 = g * Cog + b * CB
@@ -698,13 +703,17 @@ def conv_transpose_rows(xf, xstride, wpk, offs, maxoff, ph_a, ph_b, row_h, row_o
                         ok &= _pair_6x1(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane, nb,
                                         bias, co0, has_bias, acc)
                     else:
-                        if safe:
+                        stride = _VW if short else _PAIR_VL
+                        if safe and short:
+                            _pair_6x1_acc4(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane,
+                                           nb, bias, co0, has_bias, acc)
+                        elif safe:
                             _pair_6x1_acc(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane,
                                           nb, bias, co0, has_bias, acc)
                         for j in range(nb):
                             for i in range(ln):
                                 if safe:
-                                    a = acc[j * _PAIR_VL + i]
+                                    a = acc[j * stride + i]
                                 else:
                                     oo = oa if i % 2 == 0 else ob
                                     a = 0.0
