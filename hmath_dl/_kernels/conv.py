@@ -277,6 +277,15 @@ def _is_c1(a, dt):
     return isinstance(a, types.Array) and a.layout == "C" and a.ndim == 1 and a.dtype == dt
 
 
+def _accepts(f64=(), i64=(), ints=(), bools=()):
+    """The typing check shared by the micro-kernel intrinsics: 1-D C-contiguous float64
+    arrays ``f64``, int64 arrays ``i64``, integer scalars ``ints``, boolean ``bools``."""
+    return (all(_is_c1(a, types.float64) for a in f64)
+            and all(_is_c1(a, types.int64) for a in i64)
+            and all(isinstance(t, types.Integer) for t in ints)
+            and all(isinstance(t, types.Boolean) for t in bools))
+
+
 def _data(context, builder, aty, aval):
     """The data pointer of the numba array value ``aval`` of type ``aty``."""
     return context.make_array(aty)(context, builder, aval).data
@@ -406,22 +415,15 @@ def _make_micro_pair(CB, V, store, VW=_VW):
     """The two-phase micro-kernel (:func:`_emit_chain_pair`) for CB channels x 2*VW*V
     consecutive outputs of one row.  ``store`` (8 lanes only): the outputs go to the output
     row like :func:`_make_micro_store` (returns True iff all are finite); else to
-    ``acc[j*2*VW*V + i]`` (returns True).  Same argument list either way: ``(xf, xbase, offs_a, offs_b, wpk,
-    wbase, K, of, obase, ostride, nb, bias, bbase, has_bias, acc)``.  The caller
-    guarantees every address is inside its array."""
+    ``acc[j*2*VW*V + i]`` (returns True).  Same argument list either way: ``(xf, xbase,
+    offs_a, offs_b, wpk, wbase, K, of, obase, ostride, nb, bias, bbase, has_bias, acc)``.
+    The caller guarantees every address is inside its array."""
 
     @intrinsic
     def micro(typingctx, xf, xbase, oa, ob_, wpk, wbase, K, of, obase, ostride, nb, bias,
               bbase, has_bias, acc):
-        if not (_is_c1(xf, types.float64) and _is_c1(wpk, types.float64)
-                and _is_c1(of, types.float64) and _is_c1(bias, types.float64)
-                and _is_c1(acc, types.float64) and _is_c1(oa, types.int64)
-                and _is_c1(ob_, types.int64)):
-            return None
-        if not all(isinstance(t, types.Integer) for t in (xbase, wbase, K, obase, ostride, nb,
-                                                           bbase)):
-            return None
-        if not isinstance(has_bias, types.Boolean):
+        if not _accepts(f64=(xf, wpk, of, bias, acc), i64=(oa, ob_),
+                        ints=(xbase, wbase, K, obase, ostride, nb, bbase), bools=(has_bias,)):
             return None
         i64t = types.int64
         sig = types.boolean(xf, i64t, oa, ob_, wpk, i64t, i64t, of, i64t, i64t, i64t, bias, i64t,
@@ -469,10 +471,7 @@ def _make_micro(CB, V):
 
     @intrinsic
     def micro(typingctx, xf, xbase, offs, wpk, wbase, K, acc):
-        if not (_is_c1(xf, types.float64) and _is_c1(wpk, types.float64)
-                and _is_c1(acc, types.float64) and _is_c1(offs, types.int64)):
-            return None
-        if not all(isinstance(t, types.Integer) for t in (xbase, wbase, K)):
+        if not _accepts(f64=(xf, wpk, acc), i64=(offs,), ints=(xbase, wbase, K)):
             return None
         sig = types.void(xf, types.int64, offs, wpk, types.int64, types.int64, acc)
 
@@ -507,14 +506,8 @@ def _make_micro_store(CB, V):
     @intrinsic
     def micro(typingctx, xf, xbase, offs, wpk, wbase, K, of, obase, ostride, nb, bias,
               bbase, has_bias):
-        if not (_is_c1(xf, types.float64) and _is_c1(wpk, types.float64)
-                and _is_c1(of, types.float64) and _is_c1(bias, types.float64)
-                and _is_c1(offs, types.int64)):
-            return None
-        if not all(isinstance(t, types.Integer) for t in (xbase, wbase, K, obase, ostride, nb,
-                                                           bbase)):
-            return None
-        if not isinstance(has_bias, types.Boolean):
+        if not _accepts(f64=(xf, wpk, of, bias), i64=(offs,),
+                        ints=(xbase, wbase, K, obase, ostride, nb, bbase), bools=(has_bias,)):
             return None
         i64t = types.int64
         sig = types.boolean(xf, i64t, offs, wpk, i64t, i64t, of, i64t, i64t, i64t, bias, i64t,

@@ -253,7 +253,8 @@ def transposed_convolution(output_padding, options, x, weights, bias=None):
     _check_output_size(fname, O, lambda a: (
         f"(input {S[a]} - 1)*stride {stride[a]} - 2*padding {padding[a]} + dilation {dilation[a]}"
         f"*(kernel {K[a]} - 1) + output_padding {op[a]} + 1"))
-    # the kernel's polyphase input windows: prod(stride) windows of about O/s + K*d per axis
+    # the largest work array of the kernel (the polyphase input windows of the path for
+    # fewer than 4 output channels per group): prod(stride) windows of ~O/s + K*d per axis
     nph = 1
     for a in range(rank):
         nph *= stride[a]
