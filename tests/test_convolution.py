@@ -269,12 +269,22 @@ def test_register_tiled_kernel_gives_the_generic_kernels_bits(c, t):
     ((2, 3, 5, 61), (14, 3, 2, 3), (1, 1), (1, 2), 1, True),     # 32 + 24 + 3 per row
     ((1, 4, 47), (12, 2, 4), (0,), (1,), 2, False),               # 32 + 8 + 4
     ((2, 2, 3, 4, 18), (6, 2, 1, 2, 3), (0, 1, 1), (1, 1, 1), 1, True),   # 16 + 2
+    # depth padding and dilation: windows of 3 depth slices; 10 channels = 6 + a 4-block
+    ((1, 3, 4, 5, 24), (10, 3, 2, 3, 2), (1, 2, 0), (2, 1, 3), 1, True),
+    ((2, 4, 40), (20, 2, 3), (2,), (2,), 2, False),              # 1-D, blocks 6 + 4
 ])
-def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, with_bias):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, with_bias, fuse,
+                                                         monkeypatch):
     """Long output rows take the row-tiled kernel (stores straight into the output, row
-    remainders and the last tiles of the array through the buffered / scalar chains); it
-    must agree bit for bit with the generic direct kernel."""
+    remainders and the last tiles of the array through the buffered / scalar chains, a
+    group's last block of <= 4 channels through the 4-channel micro-kernels), padding
+    each run's input window itself -- or, when the window is too large (``fuse`` False),
+    reading a padded copy; either way it must agree bit for bit with the generic direct
+    kernel."""
     from hmath_dl._kernels import conv as K
+    if not fuse:
+        monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
     g = np.random.default_rng(13)
     x, w = g.standard_normal(xs), g.standard_normal(ws)
     b = g.standard_normal(ws[0]) if with_bias else None
@@ -309,6 +319,11 @@ outs = [
             (1, 1), (0, 0), (1, 1), 1),
     conv_nd(g.standard_normal((1, 2, 4, 6)), g.standard_normal((5, 2, 3, 3)), None,
             (1, 1), (0, 0), (1, 1), 1),
+    # row tiles padding their own windows (2-D; 3-D with depth padding), 4-channel blocks
+    conv_nd(g.standard_normal((2, 3, 4, 21)), g.standard_normal((10, 3, 3, 3)), None,
+            (1, 1), (1, 2), (1, 1), 1),
+    conv_nd(g.standard_normal((1, 2, 3, 2, 15)), g.standard_normal((12, 1, 2, 2, 2)), None,
+            (1, 1, 1), (1, 1, 1), (2, 1, 1), 2),
     # strided: the phase-split input, rows and wide layouts
     conv_nd(g.standard_normal((2, 3, 7, 37)), g.standard_normal((6, 3, 3, 2)), None,
             (2, 1), (1, 0), (1, 2), 1),

@@ -291,11 +291,11 @@ def _data(context, builder, aty, aval):
     return context.make_array(aty)(context, builder, aval).data
 
 
-def _emit_chain(context, builder, xd, xb, od, wd, wb, nk, CB, V):
+def _emit_chain(context, builder, xd, xb, od, wd, wb, nk, CB, V, WS=None):
     """Emit the micro-kernel loop: for kk in 0 .. nk-1, load V 8-lane vectors of x at
-    ``xd + xb + od[kk] + 8v``, broadcast the CB weights ``wd[wb + kk*CB + j]`` and update
-    ``acc[j][v] = fma(w_j, x_v, acc[j][v])`` (accumulators start at 0.0).  Returns the
-    CB x V final accumulator values.  The accumulators live in allocas that LLVM promotes
+    ``xd + xb + od[kk] + 8v``, broadcast the CB weights ``wd[wb + kk*WS + j]`` (``WS``, the
+    packing's block height, defaults to CB) and update ``acc[j][v] = fma(w_j, x_v,
+    acc[j][v])`` (accumulators start at 0.0).  Returns the CB x V final accumulator values.  The accumulators live in allocas that LLVM promotes
     to registers (24 of them fit the 32 vector registers of AVX-512 next to the loads)."""
     vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
     i64 = llvm_ir.IntType(64)
@@ -314,7 +314,7 @@ def _emit_chain(context, builder, xd, xb, od, wd, wb, nk, CB, V):
         xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * _VW)]),
                                            vty.as_pointer()), align=8)
               for v in range(V)]
-        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, CB))])
+        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, WS or CB))])
         for j in range(CB):
             wj = builder.load(builder.gep(pw, [llvm_ir.Constant(i64, j)]))
             sp = builder.shuffle_vector(builder.insert_element(undef, wj, lane0), undef, zmask)
@@ -495,8 +495,10 @@ def _make_micro(CB, V):
     return micro
 
 
-def _make_micro_store(CB, V):
-    """Like :func:`_make_micro`, but the finished accumulators go straight to the output:
+def _make_micro_store(CB, V, WS=None):
+    """Like :func:`_make_micro` (weights packed in blocks of ``WS`` channels, default CB,
+    of which the first CB are computed), but the finished accumulators go straight to the
+    output:
     ``of[obase + j*ostride + i] = acc[j, i] (+ bias[bbase + j] when has_bias)`` for
     ``j < nb`` (the real channels of the block), ``i < 8V`` -- one addition after the
     chain, as in the scalar code.  Returns True iff every stored value is finite (so the
@@ -520,7 +522,7 @@ def _make_micro_store(CB, V):
             i64 = llvm_ir.IntType(64)
             accs = _emit_chain(context, builder, _data(context, builder, xft, xa), xb,
                                _data(context, builder, offt, oa),
-                               _data(context, builder, wpkt, wa), wb, nk, CB, V)
+                               _data(context, builder, wpkt, wa), wb, nk, CB, V, WS)
             return _emit_store(context, builder, accs, _data(context, builder, oft, ofa), ob,
                                ost, nbv, _data(context, builder, bt, ba), bb, hb, CB, V)
 
@@ -539,50 +541,118 @@ _micro_6x4_store = _make_micro_store(6, 4)   # 6 output channels x 32 positions 
 _micro_6x3_store = _make_micro_store(6, 3)
 _micro_6x2_store = _make_micro_store(6, 2)
 _micro_6x1_store = _make_micro_store(6, 1)
+_micro_4x4_store = _make_micro_store(4, 4, 6)   # a group's last block of <= 4 channels
+_micro_4x3_store = _make_micro_store(4, 3, 6)
+_micro_4x2_store = _make_micro_store(4, 2, 6)
+_micro_4x1_store = _make_micro_store(4, 1, 6)
 _micro_6x1 = _make_micro(6, 1)               # row remainders of fewer than 8 positions
 _ROW_CB = 6
+_ROW_SLACK = 4 * _VW                         # zeros after a row window (vector over-reads)
+
+
+@helper
+def _fill_window(x, n, c0, Cg, od, oh0, nr, pads, KDe, R, buf):
+    """Copy the zero-padded input window that one run of output rows reads into ``buf``:
+    ``buf[((c*KDe + dz)*R + r)*Wp + j] = xpad[n, c0 + c, od + dz, oh0 + r, j]`` for ``c <
+    Cg``, ``dz < KDe``, ``r < nr`` (``xpad`` = ``x [N, Cin, D, H, W]`` with ``pads`` =
+    (pd, ph, pw) zeros on both sides, ``Wp = W + 2 pw``), then zeros in the last
+    ``_ROW_SLACK`` elements.  Rows ``nr .. R-1`` are left untouched (never read)."""
+    D, H, W = x.shape[2], x.shape[3], x.shape[4]
+    pd, ph, pw = pads[0], pads[1], pads[2]
+    Wp = W + 2 * pw
+    for c in range(Cg):
+        for dz in range(KDe):
+            di = od + dz - pd
+            for r in range(nr):
+                hi = oh0 + r - ph
+                dst = ((c * KDe + dz) * R + r) * Wp
+                if 0 <= di < D and 0 <= hi < H:
+                    src = x[n, c0 + c, di, hi]
+                    for j in range(pw):
+                        buf[dst + j] = 0.0
+                        buf[dst + pw + W + j] = 0.0
+                    for j in range(W):
+                        buf[dst + pw + j] = src[j]
+                else:
+                    for j in range(Wp):
+                        buf[dst + j] = 0.0
+    for j in range(buf.shape[0] - _ROW_SLACK, buf.shape[0]):
+        buf[j] = 0.0
 
 
 @kernel
-def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, out):
+def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias, Cog,
+                      rows_per_it, out):
     """Stride-1 grouped cross-correlation, output row by output row: the same sums as
     :func:`conv_forward_tiled` (terms kk = ci' * KT + tap in order, one fused multiply-add
     each from 0.0, then the bias), but every tile is up to 32 positions of ONE output row,
-    so the micro-kernel (:func:`_make_micro_store`, 6 channels x 8/16/24/32 positions)
-    stores its accumulators straight into ``out`` -- no "wide" positions past OW are
-    computed and nothing is scattered.  Row remainders of fewer than 8 positions and
-    tiles whose vector loads would run past ``xp`` take the 8-position micro-kernel into
-    a buffer, or the scalar chain.
+    so the micro-kernel (:func:`_make_micro_store`, 6 channels -- or 4 for a group's last
+    block of at most 4 -- x 8/16/24/32 positions) stores its accumulators straight into
+    ``out``: no "wide" positions past OW are computed and nothing is scattered.  Row
+    remainders of fewer than 8 positions and tiles whose vector loads would run past the
+    input take the 8-position micro-kernel into a buffer, or the scalar chain.
 
-    ``xp [N, Cin, Dp, Hp, Wp]`` zero-padded input, ``wpk`` weights packed ``[G, nblk, K,
-    6]``, ``offs [G, K]`` term offsets in ``xp`` (channel base of the group included),
+    Two input modes, the same bits:
+
+    * ``R == 0``: ``x [N, Cin, Dp, Hp, Wp]`` is the zero-padded input (``pads`` zeros) and
+      ``offs [G, K]`` the term offsets in it (channel base of the group included);
+    * ``R > 0`` (padding fused): ``x [N, Cin, D, H, W]`` is the unpadded input, ``pads``
+      its padding; every iteration copies the padded window its rows read (``Cin/G``
+      channels x ``KDe`` depth slices x ``R`` rows, :func:`_fill_window`) into a private
+      buffer, where term kk sits at ``loffs[kk]``.  ``R`` = rows_per_it + dilated kernel
+      height - 1, ``KDe`` = dilated kernel depth.
+
+    ``wpk`` weights packed ``[G, nblk, K, 6]``, ``maxoff [G]`` the largest of ``offs[g]``,
     ``bias`` of length Cout (zeros when ``has_bias`` is False), ``out [N, Cout, OD, OH,
-    OW]``.  Parallel over (batch item, group, run of ``rows_per_it`` output rows).
-    Returns True iff every output is finite (checked as it is stored)."""
-    N, Cin, Dp, Hp, Wp = xp.shape
+    OW]``.  Parallel over (batch item, group, output depth, run of ``rows_per_it`` output
+    rows).  Returns True iff every output is finite (checked as it is stored)."""
+    N, Cin = x.shape[0], x.shape[1]
+    Dp = x.shape[2] + 2 * pads[0]
+    Hp = x.shape[3] + 2 * pads[1]
+    Wp = x.shape[4] + 2 * pads[2]
     Cout, OD, OH, OW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
     G, K = offs.shape
+    Cg = Cin // G
     CB = _ROW_CB
     nblk = (Cog + CB - 1) // CB
-    xf = xp.reshape(-1)
+    fused = R > 0
+    xf = x.reshape(-1)
     of = out.reshape(-1)
     xstride = Cin * Dp * Hp * Wp
     oplane = OD * OH * OW
-    nrows = OD * OH
-    nit = (nrows + rows_per_it - 1) // rows_per_it
-    finite = np.ones(N * G * nit, dtype=np.bool_)
-    for t in prange(N * G * nit):
-        it = t % nit
-        r = t // nit
+    nih = (OH + rows_per_it - 1) // rows_per_it
+    lmax = 0
+    for kk in range(loffs.shape[0]):
+        lmax = max(lmax, loffs[kk])
+    bufsize = Cg * KDe * R * Wp + _ROW_SLACK if fused else 0
+    finite = np.ones(N * G * OD * nih, dtype=np.bool_)
+    for t in prange(N * G * OD * nih):
+        ih = t % nih
+        r = t // nih
+        od = r % OD
+        r = r // OD
         g = r % G
         n = r // G
-        og = offs[g]
+        oh0 = ih * rows_per_it
+        oh1 = min(OH, oh0 + rows_per_it)
+        buf = np.empty(bufsize)
+        if fused:
+            _fill_window(x, n, g * Cg, Cg, od, oh0, oh1 - oh0 + R - rows_per_it, pads, KDe, R,
+                         buf)
+            src = buf
+            og = loffs
+            mo = lmax
+        else:
+            src = xf
+            og = offs[g]
+            mo = maxoff[g]
         ok = True
         acc = np.empty(CB * _VW)
-        for row in range(it * rows_per_it, min(nrows, (it + 1) * rows_per_it)):
-            od = row // OH
-            oh = row % OH
-            xrow = n * xstride + (od * Hp + oh) * Wp
+        for oh in range(oh0, oh1):
+            if fused:
+                xrow = (oh - oh0) * Wp
+            else:
+                xrow = n * xstride + (od * Hp + oh) * Wp
             orow = od * OH * OW + oh * OW
             c = 0
             while c < OW:
@@ -591,27 +661,40 @@ def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, o
                 if V == 0:
                     cw = OW - c
                 xbase = xrow + c
-                safe = xbase + maxoff[g] + max(V, 1) * _VW <= xf.shape[0]
+                safe = xbase + mo + max(V, 1) * _VW <= src.shape[0]
                 for b in range(nblk):
                     wbase = ((g * nblk + b) * K) * CB
                     nb = min(CB, Cog - b * CB)
                     co0 = g * Cog + b * CB
                     obase = (n * Cout + co0) * oplane + orow + c
-                    if safe and V == 4:
-                        ok &= _micro_6x4_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane,
+                    if safe and V > 0 and nb <= 4:
+                        if V == 4:
+                            ok &= _micro_4x4_store(src, xbase, og, wpk, wbase, K, of, obase,
+                                                   oplane, nb, bias, co0, has_bias)
+                        elif V == 3:
+                            ok &= _micro_4x3_store(src, xbase, og, wpk, wbase, K, of, obase,
+                                                   oplane, nb, bias, co0, has_bias)
+                        elif V == 2:
+                            ok &= _micro_4x2_store(src, xbase, og, wpk, wbase, K, of, obase,
+                                                   oplane, nb, bias, co0, has_bias)
+                        else:
+                            ok &= _micro_4x1_store(src, xbase, og, wpk, wbase, K, of, obase,
+                                                   oplane, nb, bias, co0, has_bias)
+                    elif safe and V == 4:
+                        ok &= _micro_6x4_store(src, xbase, og, wpk, wbase, K, of, obase, oplane,
                                                nb, bias, co0, has_bias)
                     elif safe and V == 3:
-                        ok &= _micro_6x3_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane,
+                        ok &= _micro_6x3_store(src, xbase, og, wpk, wbase, K, of, obase, oplane,
                                                nb, bias, co0, has_bias)
                     elif safe and V == 2:
-                        ok &= _micro_6x2_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane,
+                        ok &= _micro_6x2_store(src, xbase, og, wpk, wbase, K, of, obase, oplane,
                                                nb, bias, co0, has_bias)
                     elif safe and V == 1:
-                        ok &= _micro_6x1_store(xf, xbase, og, wpk, wbase, K, of, obase, oplane,
+                        ok &= _micro_6x1_store(src, xbase, og, wpk, wbase, K, of, obase, oplane,
                                                nb, bias, co0, has_bias)
                     else:
                         if safe:
-                            _micro_6x1(xf, xbase, og, wpk, wbase, K, acc)
+                            _micro_6x1(src, xbase, og, wpk, wbase, K, acc)
                         ln = cw if V == 0 else V * _VW
                         for j in range(nb):
                             for i in range(ln):
@@ -620,7 +703,8 @@ def conv_forward_rows(xp, wpk, offs, maxoff, bias, has_bias, Cog, rows_per_it, o
                                 else:
                                     a = 0.0
                                     for kk in range(K):
-                                        a = _fma(wpk[wbase + kk * CB + j], xf[xbase + og[kk] + i], a)
+                                        a = _fma(wpk[wbase + kk * CB + j], src[xbase + og[kk] + i],
+                                                 a)
                                 v = a + bias[co0 + j] if has_bias else a
                                 of[obase + j * oplane + i] = v
                                 ok &= np.isfinite(v)
@@ -1131,36 +1215,86 @@ def tiled_kernels_enabled():
     return bool(llb.get_host_cpu_features().get("avx512f", False))
 
 
-def _launch_forward(xp, w5, b, has_bias, groups, s, d, out5, split=None):
-    """Run the forward kernel on the padded rank-5 input ``xp`` -- or, with ``split`` (the
-    strides), on its stride phases laid out by :func:`pad_split`: a register-tiled one
-    (:func:`conv_forward_rows` / :func:`conv_forward_tiled`) for stride 1 or split input
-    and at least 4 output channels per group, else :func:`conv_forward`.  Both sum the same terms in the same order (same bits).
+_FUSE_WINDOW = 1 << 17    # largest row window (float64 elements) copied per iteration
+_ROW_POSITIONS = 192       # output positions per iteration of the row kernel (about)
+_NO_PADS = np.zeros(3, dtype=np.int64)
+_NO_PADS.flags.writeable = False
+_NO_OFFS = np.zeros(0, dtype=np.int64)
+_NO_OFFS.flags.writeable = False
+
+
+def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads=(0, 0, 0), split=None):
+    """Run the forward kernel on the rank-5 input ``x5`` zero-padded by ``pads`` -- or,
+    with ``split`` (the strides), on the stride phases of the padded input laid out by
+    :func:`pad_split` (``pads`` then zeros): a register-tiled one (:func:`conv_forward_rows`
+    / :func:`conv_forward_tiled`) for stride 1 or split input and at least 4 output
+    channels per group, else :func:`conv_forward`.  All sum the same terms in the same
+    order (same bits).  The row kernel pads as it goes (each iteration copies the window
+    it reads, at most ``_FUSE_WINDOW`` elements); the other kernels read a padded copy.
     Returns whether every output is finite when the kernel checked it (the tiled paths),
     else None."""
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
     fmas = out5.size * (w5.size // Cout)
-    if (s != (1, 1, 1) and split is None) or Cog < 4 or not tiled_kernels_enabled():
+    tiled = ((s == (1, 1, 1) or split is not None) and Cog >= 4 and tiled_kernels_enabled())
+    OD, OH, OW = out5.shape[2:]
+    rows = tiled and Cog >= _ROW_CB and (OW >= 2 * _VW or (OW > 0 and OW % _VW == 0))
+    rpi = max(1, min(OH, _ROW_POSITIONS // max(OW, 1)))
+    if rows and any(pads):
+        R, KDe, loffs, offs, maxoff = _window_geometry(w5.shape[2:], d, groups, Cg, rpi,
+                                                       x5.shape[4] + 2 * pads[2])
+        if Cg * KDe * R * (x5.shape[4] + 2 * pads[2]) <= _FUSE_WINDOW:
+            return bool(_sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
+                x5, np.array(pads, dtype=np.int64), R, KDe, loffs,
+                _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs, maxoff,
+                b if has_bias else np.zeros(Cout, dtype=np.float64), has_bias, Cog, rpi,
+                out5))
+    xp = _padded(x5, pads)
+    if not tiled:
         _sized(conv_forward, conv_forward_serial, fmas, _SERIAL_FMA)(
             xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return None
     split = split or (1, 1, 1)
-    OW = out5.shape[4]
-    if Cog >= _ROW_CB and (OW >= 2 * _VW or (OW > 0 and OW % _VW == 0)):
-        # rows of whole 8-position vectors, or long ones: row tiles stored straight into
-        # the output (short ragged rows do better in the wide layout)
-        offs, maxoff, _, _ = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog,
-                                               out5.shape[2:], split)
-        bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
-        rows = out5.shape[2] * out5.shape[3]
-        return bool(_sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
-            xp, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs, maxoff, bvec,
-            has_bias, Cog, max(1, min(rows, 192 // out5.shape[4])), out5))
     geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:],
                             split)
+    if rows:
+        # rows of whole 8-position vectors, or long ones: row tiles stored straight into
+        # the output (short ragged rows do better in the wide layout)
+        return bool(_sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
+            xp, _NO_PADS, 0, 1, _NO_OFFS, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
+            geo[0], geo[1], b if has_bias else np.zeros(Cout, dtype=np.float64), has_bias, Cog,
+            rpi, out5))
     return _launch_tiled(xp, _pack_weights(w5.reshape(Cout, -1), groups, _tile_cb(Cog)), Cog,
                          geo, b, has_bias, out5, fmas)
+
+
+def _padded(x5, pads):
+    """``x5`` with ``pads`` = (pd, ph, pw) zeros on both sides of its spatial axes (``x5``
+    itself when there are none)."""
+    if not any(pads):
+        return x5
+    xp = np.empty(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * pads[a] for a in range(3)),
+                  dtype=np.float64)
+    if xp.size:
+        _sized(pad_input, pad_input_serial, xp.size, SERIAL_WORK)(x5, pads[0], pads[1], pads[2],
+                                                                 xp)
+    return xp
+
+
+@functools.lru_cache(maxsize=128)
+def _window_geometry(K3, d, groups, Cg, rpi, Wp):
+    """Row windows of :func:`conv_forward_rows` with fused padding: ``(R, KDe, loffs, offs,
+    maxoff)`` -- rows per window (``rpi`` output rows + dilated kernel height - 1), depth
+    slices (dilated kernel depth), the offset of term kk = ci' * KT + (kd*KH + kh)*KW + kw
+    in the window ``[Cg, KDe, R, Wp]``, and placeholder (zero) ``[groups, K]`` offsets and
+    ``[groups]`` maxima that only carry the shape.  Cached, read-only."""
+    KDe = d[0] * (K3[0] - 1) + 1
+    R = rpi + d[1] * (K3[1] - 1)
+    taps = ((np.arange(K3[0]) * d[0] * R)[:, None, None] * Wp
+            + (np.arange(K3[1]) * d[1])[None, :, None] * Wp
+            + (np.arange(K3[2]) * d[2])[None, None, :]).reshape(-1)
+    loffs = (np.arange(Cg)[:, None] * (KDe * R * Wp) + taps[None, :]).reshape(-1)
+    return (R, KDe) + _frozen(loffs, np.zeros((groups, loffs.size)), np.zeros(groups))
 
 
 @functools.lru_cache(maxsize=128)
@@ -1226,15 +1360,9 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
             xq)
         finite = _launch_forward(xq, w5, b, bias is not None, int(groups), s, d, _out5(out),
                                  split=s)
-        return (out, finite) if report_finite else out
-    if any(p):
-        xp = np.empty((N, Cin) + tuple(S[a] + 2 * p[a] for a in range(3)), dtype=np.float64)
-        if xp.size:
-            _sized(pad_input, pad_input_serial, xp.size, SERIAL_WORK)(x5, p[0], p[1], p[2], xp)
-    else:
-        xp = x5
-    if out.size:
-        finite = _launch_forward(xp, w5, b, bias is not None, int(groups), s, d, _out5(out))
+    elif out.size:
+        finite = _launch_forward(x5, w5, b, bias is not None, int(groups), s, d, _out5(out),
+                                 pads=p)
     return (out, finite) if report_finite else out
 
 
