@@ -2,6 +2,7 @@
 depthwise_convolution) and the kernel entry points the autodiff rules use."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -384,6 +385,28 @@ def test_generic_kernels_alone_give_the_same_bits(monkeypatch):
     monkeypatch.setattr(K, "tiled_kernels_enabled", lambda: False)
     for f, t in zip(calls, tiled):
         assert f().tobytes() == t.tobytes()
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("bad, where", [(np.nan, (0, 0, 0, 0)), (np.inf, (1, 2, 5, 16)),
+                                        (-np.inf, (1, 1, 3, 7)), (np.nan, (0, 2, 2, 0))])
+def test_nonfinite_input_raises_whatever_the_kernel_path(bad, where, fuse, monkeypatch):
+    """convolution scans x for NaN/inf after the kernel, which (row tiles with padding)
+    checks every element as it copies its windows; a single NaN/inf anywhere must raise
+    NonFiniteError naming x and its index -- also in rows that no output reads (here
+    input rows 2 and 3 fall between the two dilated taps)."""
+    from hmath_dl._kernels import conv as K
+    if not fuse:
+        monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
+    x = np.random.default_rng(17).standard_normal((2, 3, 6, 17))
+    x[where] = bad
+    w = np.ones((7, 3, 2, 3))
+    opts = ConvOptions(1, (1, 1), (5, 1))
+    with pytest.raises(NonFiniteError, match=r"^convolution: x contains .* at index %s" %
+                       re.escape(str(where))):
+        convolution(opts, x, w, None)
+    x[where] = 0.0
+    assert np.isfinite(convolution(opts, x, w, None)).all()
 
 
 @pytest.mark.parametrize("where", [0, 5, 9])

@@ -550,16 +550,23 @@ _ROW_CB = 6
 _ROW_SLACK = 4 * _VW                         # zeros after a row window (vector over-reads)
 
 
+_EXP_BITS = np.uint64(0x7FF0000000000000)   # exponent field: all ones only for NaN/inf
+
+
 @helper
-def _fill_window(x, n, c0, Cg, od, oh0, nr, pads, KDe, R, buf):
-    """Copy the zero-padded input window that one run of output rows reads into ``buf``:
-    ``buf[((c*KDe + dz)*R + r)*Wp + j] = xpad[n, c0 + c, od + dz, oh0 + r, j]`` for ``c <
-    Cg``, ``dz < KDe``, ``r < nr`` (``xpad`` = ``x [N, Cin, D, H, W]`` with ``pads`` =
-    (pd, ph, pw) zeros on both sides, ``Wp = W + 2 pw``), then zeros in the last
-    ``_ROW_SLACK`` elements.  Rows ``nr .. R-1`` are left untouched (never read)."""
-    D, H, W = x.shape[2], x.shape[3], x.shape[4]
+def _fill_window(xb, shape, n, c0, Cg, od, oh0, nr, pads, KDe, R, bb):
+    """Copy the zero-padded input window that one run of output rows reads into the
+    buffer ``bb`` (bit patterns, uint64 views): ``bb[((c*KDe + dz)*R + r)*Wp + j] =
+    xpad[n, c0 + c, od + dz, oh0 + r, j]`` for ``c < Cg``, ``dz < KDe``, ``r < nr``, where
+    ``xpad`` is the input ``xb`` (flat, of ``shape`` = (N, Cin, D, H, W)) with ``pads`` =
+    (pd, ph, pw) zeros on both sides and ``Wp = W + 2 pw``; then zeros in the last
+    ``_ROW_SLACK`` elements.  Rows ``nr .. R-1`` are left untouched (never read).
+    Returns True iff every copied input element is finite (the largest masked exponent
+    field; an integer reduction, so it vectorises)."""
+    Cin, D, H, W = shape[1], shape[2], shape[3], shape[4]
     pd, ph, pw = pads[0], pads[1], pads[2]
     Wp = W + 2 * pw
+    m = np.uint64(0)
     for c in range(Cg):
         for dz in range(KDe):
             di = od + dz - pd
@@ -567,17 +574,20 @@ def _fill_window(x, n, c0, Cg, od, oh0, nr, pads, KDe, R, buf):
                 hi = oh0 + r - ph
                 dst = ((c * KDe + dz) * R + r) * Wp
                 if 0 <= di < D and 0 <= hi < H:
-                    src = x[n, c0 + c, di, hi]
+                    src = (((n * Cin + c0 + c) * D + di) * H + hi) * W
                     for j in range(pw):
-                        buf[dst + j] = 0.0
-                        buf[dst + pw + W + j] = 0.0
+                        bb[dst + j] = 0
+                        bb[dst + pw + W + j] = 0
                     for j in range(W):
-                        buf[dst + pw + j] = src[j]
+                        v = xb[src + j]
+                        bb[dst + pw + j] = v
+                        m = max(m, v & _EXP_BITS)
                 else:
                     for j in range(Wp):
-                        buf[dst + j] = 0.0
-    for j in range(buf.shape[0] - _ROW_SLACK, buf.shape[0]):
-        buf[j] = 0.0
+                        bb[dst + j] = 0
+    for j in range(bb.shape[0] - _ROW_SLACK, bb.shape[0]):
+        bb[j] = 0
+    return m != _EXP_BITS
 
 
 @kernel
@@ -605,7 +615,9 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
     ``wpk`` weights packed ``[G, nblk, K, 6]``, ``maxoff [G]`` the largest of ``offs[g]``,
     ``bias`` of length Cout (zeros when ``has_bias`` is False), ``out [N, Cout, OD, OH,
     OW]``.  Parallel over (batch item, group, output depth, run of ``rows_per_it`` output
-    rows).  Returns True iff every output is finite (checked as it is stored)."""
+    rows).  Returns ``(outputs finite, inputs finite)``: the first checked as the outputs
+    are stored; the second, with fused padding, as the windows are copied (every input
+    element lies in some window), else True."""
     N, Cin = x.shape[0], x.shape[1]
     Dp = x.shape[2] + 2 * pads[0]
     Hp = x.shape[3] + 2 * pads[1]
@@ -626,6 +638,8 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
         lmax = max(lmax, loffs[kk])
     bufsize = Cg * KDe * R * Wp + _ROW_SLACK if fused else 0
     finite = np.ones(N * G * OD * nih, dtype=np.bool_)
+    xin = np.ones(N * G * OD * nih, dtype=np.bool_)
+    xbits = xf.view(np.uint64)
     for t in prange(N * G * OD * nih):
         ih = t % nih
         r = t // nih
@@ -637,8 +651,9 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
         oh1 = min(OH, oh0 + rows_per_it)
         buf = np.empty(bufsize)
         if fused:
-            _fill_window(x, n, g * Cg, Cg, od, oh0, oh1 - oh0 + R - rows_per_it, pads, KDe, R,
-                         buf)
+            xin[t] = _fill_window(xbits, x.shape, n, g * Cg, Cg, od, oh0,
+                                  oh1 - oh0 + R - rows_per_it, pads, KDe, R,
+                                  buf.view(np.uint64))
             src = buf
             og = loffs
             mo = lmax
@@ -710,7 +725,7 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
                                 ok &= np.isfinite(v)
                 c += cw if V == 0 else V * _VW
         finite[t] = ok
-    return finite.all()
+    return finite.all(), xin.all()
 
 
 _pair_6x2 = _make_micro_pair(6, 2, True)   # 6 channels x 32 outputs, both W phases
@@ -1231,8 +1246,9 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads=(0, 0, 0), spl
     channels per group, else :func:`conv_forward`.  All sum the same terms in the same
     order (same bits).  The row kernel pads as it goes (each iteration copies the window
     it reads, at most ``_FUSE_WINDOW`` elements); the other kernels read a padded copy.
-    Returns whether every output is finite when the kernel checked it (the tiled paths),
-    else None."""
+    Returns ``(finite, x_finite)``: whether every output is finite when the kernel checked
+    it (the tiled paths), else None; whether every input element is finite when the kernel
+    checked it (the row kernel with fused padding copies them all), else None."""
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
     fmas = out5.size * (w5.size // Cout)
@@ -1244,28 +1260,30 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads=(0, 0, 0), spl
         R, KDe, loffs, offs, maxoff = _window_geometry(w5.shape[2:], d, groups, Cg, rpi,
                                                        x5.shape[4] + 2 * pads[2])
         if Cg * KDe * R * (x5.shape[4] + 2 * pads[2]) <= _FUSE_WINDOW:
-            return bool(_sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
+            ok, x_ok = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
                 x5, np.array(pads, dtype=np.int64), R, KDe, loffs,
                 _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs, maxoff,
                 b if has_bias else np.zeros(Cout, dtype=np.float64), has_bias, Cog, rpi,
-                out5))
+                out5)
+            return bool(ok), bool(x_ok)
     xp = _padded(x5, pads)
     if not tiled:
         _sized(conv_forward, conv_forward_serial, fmas, _SERIAL_FMA)(
             xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
-        return None
+        return None, None
     split = split or (1, 1, 1)
     geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:],
                             split)
     if rows:
         # rows of whole 8-position vectors, or long ones: row tiles stored straight into
         # the output (short ragged rows do better in the wide layout)
-        return bool(_sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
+        ok, _ = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
             xp, _NO_PADS, 0, 1, _NO_OFFS, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
             geo[0], geo[1], b if has_bias else np.zeros(Cout, dtype=np.float64), has_bias, Cog,
-            rpi, out5))
+            rpi, out5)
+        return bool(ok), None
     return _launch_tiled(xp, _pack_weights(w5.reshape(Cout, -1), groups, _tile_cb(Cog)), Cog,
-                         geo, b, has_bias, out5, fmas)
+                         geo, b, has_bias, out5, fmas), None
 
 
 def _padded(x5, pads):
@@ -1329,9 +1347,10 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
     Cout or None; ``stride``/``padding``/``dilation`` tuples with one int per spatial axis.
     ``out`` (optional) a preallocated C-contiguous float64 array of the output shape.
     Returns the output.  Non-finite values are not rejected here; with
-    ``report_finite=True`` it returns ``(out, finite)`` where ``finite`` is True/False
-    when the kernel checked every output as it stored it (the row-tiled path), else None
-    (the caller must scan).
+    ``report_finite=True`` it returns ``(out, finite, x_finite)`` where ``finite`` is
+    True/False when the kernel checked every output as it stored it (the tiled paths),
+    else None (the caller must scan), and ``x_finite`` True/False when the kernel checked
+    every element of ``x`` as it copied it (the row kernel with fused padding), else None.
     """
     r = x.ndim - 2
     s = _pad3(stride, 1)
@@ -1347,7 +1366,7 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
     if out is None:
         out = np.empty(shape, dtype=np.float64)
     b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
-    finite = None
+    finite = x_finite = None
     if (out.size and s != (1, 1, 1) and w.shape[0] // int(groups) >= 4
             and tiled_kernels_enabled()):
         # strided: pad and split into stride phases, then a stride-1 tiled correlation
@@ -1358,12 +1377,12 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
         _sized(pad_split, pad_split_serial, xq.size, SERIAL_WORK)(
             x5, p[0], p[1], p[2], s[0], s[1], s[2], *(np.asarray(u, dtype=np.int64) for u in used),
             xq)
-        finite = _launch_forward(xq, w5, b, bias is not None, int(groups), s, d, _out5(out),
-                                 split=s)
+        finite, x_finite = _launch_forward(xq, w5, b, bias is not None, int(groups), s, d,
+                                           _out5(out), split=s)
     elif out.size:
-        finite = _launch_forward(x5, w5, b, bias is not None, int(groups), s, d, _out5(out),
-                                 pads=p)
-    return (out, finite) if report_finite else out
+        finite, x_finite = _launch_forward(x5, w5, b, bias is not None, int(groups), s, d,
+                                           _out5(out), pads=p)
+    return (out, finite, x_finite) if report_finite else out
 
 
 def _phase_taps(K, s, d):

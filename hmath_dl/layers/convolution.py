@@ -86,8 +86,8 @@ def _per_axis(fname, options, rank):
             _checks.int_tuple(fname, "options.dilation", options.dilation, rank, min=1))
 
 
-def _inputs(fname, x, weights):
-    x = _checks.tensor(fname, "x", x, min_ndim=3, max_ndim=5, nonempty=True)
+def _inputs(fname, x, weights, finite_x=True):
+    x = _checks.tensor(fname, "x", x, min_ndim=3, max_ndim=5, nonempty=True, finite=finite_x)
     w = _checks.tensor(fname, "weights", weights, nonempty=True)
     if w.ndim != x.ndim:
         raise ShapeError(f"{fname}: weights must have {x.ndim} axes like x "
@@ -130,7 +130,9 @@ def _checked(fname, out, finite):
 
 
 def _forward(fname, x, w, bias, stride, padding, dilation, groups):
-    """Shared tail of convolution / depthwise_convolution (shapes already consistent)."""
+    """Shared tail of convolution / depthwise_convolution (shapes already consistent; the
+    finiteness of ``x`` not yet checked -- it is checked here, after the kernel, which
+    usually verifies it as it copies the input, so that x is read once)."""
     S = x.shape[2:]
     K = w.shape[2:]
     O = tuple((S[a] + 2 * padding[a] - dilation[a] * (K[a] - 1) - 1) // stride[a] + 1
@@ -141,8 +143,12 @@ def _forward(fname, x, w, bias, stride, padding, dilation, groups):
     if any(padding):
         _checks.check_size(fname, x.shape[:2] + tuple(S[a] + 2 * padding[a] for a in range(len(S))))
     out = _checks.alloc(fname, (x.shape[0], w.shape[0]) + O)
-    _, finite = conv_nd(x, w, bias, stride, padding, dilation, groups, out=out,
-                        report_finite=True)
+    _, finite, x_finite = conv_nd(x, w, bias, stride, padding, dilation, groups, out=out,
+                                  report_finite=True)
+    if not x_finite:
+        # x was validated without its finiteness scan: the row kernel checks every input
+        # element as it copies it; other paths scan here (NonFiniteError before overflow)
+        _checks.require_finite(fname, "x", x)
     return _checked(fname, out, finite)
 
 
@@ -184,7 +190,7 @@ def convolution(options, x, weights, bias=None):
     """
     fname = "convolution"
     options = _options(fname, options)
-    x, w = _inputs(fname, x, weights)
+    x, w = _inputs(fname, x, weights, finite_x=False)
     rank = x.ndim - 2
     stride, padding, dilation = _per_axis(fname, options, rank)
     groups = options.groups
@@ -294,7 +300,7 @@ def depthwise_convolution(options, x, weights, bias=None):
     """
     fname = "depthwise_convolution"
     options = _options(fname, options)
-    x, w = _inputs(fname, x, weights)
+    x, w = _inputs(fname, x, weights, finite_x=False)
     rank = x.ndim - 2
     stride, padding, dilation = _per_axis(fname, options, rank)
     cin = x.shape[1]
