@@ -432,11 +432,14 @@ def test_wide_tiled_and_transposed_kernels_report_a_single_overflowing_output(wh
     ((1, 4, 5, 9), (4, 6, 2, 3), (1, 2), (0, 2), (2, 1), (0, 1), 2),     # rows of 16
     ((2, 2, 23), (2, 13, 5), (2,), (2,), (1,), (1,), 1),                 # 1-D, 32 + 14
     ((1, 2, 2, 3, 6), (2, 6, 2, 2, 4), (2, 1, 2), (0, 1, 1), (1, 1, 1), (1, 0, 1), 1),  # 13
+    ((1, 4, 2, 5), (4, 70, 1, 3), (1, 2), (0, 1), (1, 1), (0, 1), 2),    # 10; 64 + 8 channels
 ])
 def test_two_phase_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, op, groups):
     """Stride 2 along W with >= 6 output channels per group takes the row kernel that
-    computes both W phases at once (contiguous stores, row remainders through a buffer or
-    the scalar chain); it must give the generic kernel's bytes and match the oracle."""
+    computes both W phases at once (contiguous stores; row remainders one output at a time
+    over all channels by the channel-vector kernel, in chunks of 64/32/16/8 channels;
+    tiles near the end of the input by the scalar chain); it must give the generic
+    kernel's bytes and match the oracle."""
     from hmath_dl._kernels import conv as K
     g = np.random.default_rng(16)
     x, w = g.standard_normal(xs), g.standard_normal(ws)

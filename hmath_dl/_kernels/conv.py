@@ -360,14 +360,15 @@ def _emit_store(context, builder, accs, od, ob, ost, nbv, bd, bb, hb, CB, V):
     return builder.not_(anybad)
 
 
-def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V, VW=_VW):
+def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V):
     """Emit the loop of the two-phase micro-kernel (transposed convolution with stride 2
     along W): two register tiles of CB channels x V vectors of 8, one per W phase, in the
     same loop over the terms kk: phase a reads ``xd + xb + oa[kk] + 8v`` and weights
     ``wd[wb + kk*2CB + j]``, phase b ``xd + xb + ob_[kk] + 8v`` and ``wd[wb + kk*2CB + CB +
     j]`` (one fused multiply-add per term, as everywhere here).  Returns, per channel, the
-    2V output vectors of ``VW`` (8, or 4 for short row remainders) consecutive outputs
-    with the two phases interleaved (even outputs from phase a, odd ones from phase b)."""
+    2V output vectors of 8 consecutive outputs with the two phases interleaved (even
+    outputs from phase a, odd ones from phase b)."""
+    VW = _VW
     vty = llvm_ir.VectorType(llvm_ir.DoubleType(), VW)
     i64 = llvm_ir.IntType(64)
     fma = cgutils.get_or_insert_function(
@@ -411,13 +412,12 @@ def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V, VW=_V
     return outs
 
 
-def _make_micro_pair(CB, V, store, VW=_VW):
-    """The two-phase micro-kernel (:func:`_emit_chain_pair`) for CB channels x 2*VW*V
-    consecutive outputs of one row.  ``store`` (8 lanes only): the outputs go to the output
-    row like :func:`_make_micro_store` (returns True iff all are finite); else to
-    ``acc[j*2*VW*V + i]`` (returns True).  Same argument list either way: ``(xf, xbase,
-    offs_a, offs_b, wpk, wbase, K, of, obase, ostride, nb, bias, bbase, has_bias, acc)``.
-    The caller guarantees every address is inside its array."""
+def _make_micro_pair(CB, V):
+    """The two-phase micro-kernel (:func:`_emit_chain_pair`) for CB channels x 16V
+    consecutive outputs of one row, stored to the output row like
+    :func:`_make_micro_store` (returns True iff all are finite).  Arguments ``(xf, xbase,
+    offs_a, offs_b, wpk, wbase, K, of, obase, ostride, nb, bias, bbase, has_bias, acc)``
+    (``acc`` unused).  The caller guarantees every address is inside its array."""
 
     @intrinsic
     def micro(typingctx, xf, xbase, oa, ob_, wpk, wbase, K, of, obase, ostride, nb, bias,
@@ -435,19 +435,10 @@ def _make_micro_pair(CB, V, store, VW=_VW):
             outs = _emit_chain_pair(context, builder, _data(context, builder, t[0], xa), xb,
                                     _data(context, builder, t[2], oaa),
                                     _data(context, builder, t[3], oba),
-                                    _data(context, builder, t[4], wa), wb, nk, CB, V, VW)
-            if store:
-                return _emit_store(context, builder, outs, _data(context, builder, t[7], ofa),
-                                   obs, ost, nbv, _data(context, builder, t[11], ba), bb, hb,
-                                   CB, 2 * V)
-            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), VW)
-            ad = _data(context, builder, t[14], aa)
-            for j in range(CB):
-                for v in range(2 * V):
-                    p = builder.gep(ad, [llvm_ir.Constant(llvm_ir.IntType(64),
-                                                          (j * 2 * V + v) * VW)])
-                    builder.store(outs[j][v], builder.bitcast(p, vty.as_pointer()), align=8)
-            return llvm_ir.Constant(llvm_ir.IntType(1), 1)
+                                    _data(context, builder, t[4], wa), wb, nk, CB, V)
+            return _emit_store(context, builder, outs, _data(context, builder, t[7], ofa),
+                               obs, ost, nbv, _data(context, builder, t[11], ba), bb, hb,
+                               CB, 2 * V)
 
         return sig, codegen
 
@@ -529,6 +520,97 @@ def _make_micro_store(CB, V, WS=None):
         return sig, codegen
 
     return micro
+
+
+def _make_micro_cv(VC):
+    """The channel-vector micro-kernel, for outputs that are too few to fill position
+    vectors (row remainders): ONE output position, ``8 * VC`` output channels in ``VC``
+    accumulators --
+
+    ``acc[8v + l] = fma(w[K-1, 8v+l], x[xbase + offs[K-1]], ... fma(w[0, 8v+l], x[xbase +
+    offs[0]], 0.0))`` with ``w[kk, c] = wcv[wbase + kk*WS + c]``,
+
+    i.e. per output the same chain of fused multiply-adds over the terms kk = 0 .. K-1 as
+    every other kernel here (the product is commutative, so the bits are the same), but
+    the weights are loaded as vectors over channels (layout ``[.., K, WS]``, WS >= 8 VC)
+    and the single input value is broadcast.  Every address read is an element the
+    output actually uses, so no bounds slack is needed.  Signature ``(xf, xbase, offs,
+    wcv, wbase, WS, K, acc)``."""
+
+    @intrinsic
+    def micro(typingctx, xf, xbase, offs, wcv, wbase, WS, K, acc):
+        if not _accepts(f64=(xf, wcv, acc), i64=(offs,), ints=(xbase, wbase, WS, K)):
+            return None
+        i64t = types.int64
+        sig = types.void(xf, i64t, offs, wcv, i64t, i64t, i64t, acc)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            xa, xb, oa, wa, wb, ws, nk, aa = args
+            xd = _data(context, builder, t[0], xa)
+            od = _data(context, builder, t[2], oa)
+            wd = _data(context, builder, t[3], wa)
+            ad = _data(context, builder, t[7], aa)
+            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+            i64 = llvm_ir.IntType(64)
+            fma = cgutils.get_or_insert_function(
+                builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]),
+                "llvm.fma.v%df64" % _VW)
+            zero = llvm_ir.Constant(vty, [0.0] * _VW)
+            slots = [cgutils.alloca_once_value(builder, zero) for _ in range(VC)]
+            undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+            zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+            lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+            px0 = builder.gep(xd, [xb])
+            pw0 = builder.gep(wd, [wb])
+            with cgutils.for_range(builder, nk) as loop:
+                kk = loop.index
+                xv = builder.load(builder.gep(px0, [builder.load(builder.gep(od, [kk]))]))
+                sp = builder.shuffle_vector(builder.insert_element(undef, xv, lane0), undef,
+                                            zmask)
+                pw = builder.gep(pw0, [builder.mul(kk, ws)])
+                for v in range(VC):
+                    wv = builder.load(builder.bitcast(
+                        builder.gep(pw, [llvm_ir.Constant(i64, v * _VW)]), vty.as_pointer()),
+                        align=8)
+                    builder.store(builder.call(fma, [wv, sp, builder.load(slots[v])]), slots[v])
+            for v in range(VC):
+                p = builder.gep(ad, [llvm_ir.Constant(i64, v * _VW)])
+                builder.store(builder.load(slots[v]), builder.bitcast(p, vty.as_pointer()),
+                              align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+_micro_cv8 = _make_micro_cv(8)      # 64 channels
+_micro_cv4 = _make_micro_cv(4)
+_micro_cv2 = _make_micro_cv(2)
+_micro_cv1 = _make_micro_cv(1)
+
+
+@helper
+def _cv_chain(xf, xbase, offs, wcv, wbase, WS, K, nc, acc):
+    """``acc[c]`` for the first ``nc`` channels (``nc <= WS``, WS a multiple of 8) of one
+    output position through :func:`_make_micro_cv`, 64, 32, 16 or 8 channels at a time."""
+    c = 0
+    while c < nc:
+        left = (nc - c + _VW - 1) // _VW
+        a = acc[c:]
+        if left >= 8:
+            _micro_cv8(xf, xbase, offs, wcv, wbase + c, WS, K, a)
+            c += 8 * _VW
+        elif left >= 4:
+            _micro_cv4(xf, xbase, offs, wcv, wbase + c, WS, K, a)
+            c += 4 * _VW
+        elif left >= 2:
+            _micro_cv2(xf, xbase, offs, wcv, wbase + c, WS, K, a)
+            c += 2 * _VW
+        else:
+            _micro_cv1(xf, xbase, offs, wcv, wbase + c, WS, K, a)
+            c += _VW
 
 
 _micro_8x3 = _make_micro(8, 3)     # 8 output channels x 24 positions
@@ -728,15 +810,13 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
     return finite.all(), xin.all()
 
 
-_pair_6x2 = _make_micro_pair(6, 2, True)   # 6 channels x 32 outputs, both W phases
-_pair_6x1 = _make_micro_pair(6, 1, True)   # 6 channels x 16 outputs
-_pair_6x1_acc = _make_micro_pair(6, 1, False)   # row remainders of 9-15 outputs, into a buffer
-_pair_6x1_acc4 = _make_micro_pair(6, 1, False, 4)   # row remainders of 1-8 outputs (4-lane)
+_pair_6x2 = _make_micro_pair(6, 2)   # 6 channels x 32 outputs, both W phases
+_pair_6x1 = _make_micro_pair(6, 1)   # 6 channels x 16 outputs
 _PAIR_VL = 2 * _VW                          # outputs per vector pair of the two phases
 
 
 @kernel
-def conv_transpose_rows(xf, xstride, wpk, offs, maxoff, ph_a, ph_b, row_h, row_o, row_x,
+def conv_transpose_rows(xf, xstride, wpk, wcv, offs, maxoff, ph_a, ph_b, row_h, row_o, row_x,
                         bias, has_bias, Cog, groups, OW, rows_per_it, out):
     """Transposed convolution with stride 2 along W, output row by output row, both W
     phases interleaved in every vector (:func:`_make_micro_pair`), so whole rows of the
@@ -749,15 +829,19 @@ def conv_transpose_rows(xf, xstride, wpk, offs, maxoff, ph_a, ph_b, row_h, row_o
     term group ``ph_a[h] * groups + g`` and the odd ones from ``ph_b[h] * groups + g``
     (rows of ``offs``/``maxoff``), output ``ow`` reading ``xf[n*xstride + row_x[r] +
     ow // 2 + offs[group, kk]]``.  ``wpk [H, groups, nblk, K, 6, 8]`` interleaves the two
-    phases' packed weights lane by lane; ``bias`` has length Cout (zeros when unused).
-    Returns True iff every output is finite.  Parallel over (batch item, group, run of
-    ``rows_per_it`` rows)."""
+    phases' packed weights lane by lane.  Row remainders of fewer than 16 outputs go
+    through the channel-vector micro-kernel (:func:`_make_micro_cv`, every channel of the
+    group per output) with ``wcv [H, 2, groups, K, WS]`` (WS = Cog rounded up to 8;
+    phase a then b).  ``bias`` has length Cout (zeros when unused).  Returns True iff
+    every output is finite.  Parallel over (batch item, group, run of ``rows_per_it``
+    rows)."""
     N, Cout = out.shape[0], out.shape[1]
     oplane = out.shape[2]
     of = out.reshape(-1)
     K = offs.shape[1]
     CB = _ROW_CB
     nblk = (Cog + CB - 1) // CB
+    WS = wcv.shape[0] // (ph_a.shape[0] * 2 * groups * max(K, 1))
     R = row_h.shape[0]
     nit = (R + rows_per_it - 1) // rows_per_it
     finite = np.ones(N * groups * nit, dtype=np.bool_)
@@ -767,7 +851,7 @@ def conv_transpose_rows(xf, xstride, wpk, offs, maxoff, ph_a, ph_b, row_h, row_o
         g = r_ % groups
         n = r_ // groups
         ok = True
-        acc = np.empty(CB * _PAIR_VL)
+        acc = np.empty(max(CB * _PAIR_VL, WS))
         for r in range(it * rows_per_it, min(R, (it + 1) * rows_per_it)):
             h = row_h[r]
             ga = ph_a[h] * groups + g
@@ -781,8 +865,20 @@ def conv_transpose_rows(xf, xstride, wpk, offs, maxoff, ph_a, ph_b, row_h, row_o
                 V = min(2, (OW - c) // _PAIR_VL)
                 ln = V * _PAIR_VL if V > 0 else OW - c
                 xbase = xrow + c // 2
-                safe = xbase + mo + _VW * max(V, 1) <= xf.shape[0]
-                short = V == 0 and ln <= _VW        # the 4-lane remainder kernel suffices
+                if V == 0:
+                    # fewer than 16 outputs left: one output at a time, all channels
+                    obase = (n * Cout + g * Cog) * oplane + row_o[r] + c
+                    for i in range(ln):
+                        ph = i % 2
+                        _cv_chain(xf, xbase + i // 2, oa if ph == 0 else ob, wcv,
+                                  ((h * 2 + ph) * groups + g) * K * WS, WS, K, Cog, acc)
+                        for j in range(Cog):
+                            v = acc[j] + bias[g * Cog + j] if has_bias else acc[j]
+                            of[obase + j * oplane + i] = v
+                            ok &= np.isfinite(v)
+                    c += ln
+                    continue
+                safe = xbase + mo + _VW * V <= xf.shape[0]
                 for b in range(nblk):
                     wbase = (((h * groups + g) * nblk + b) * K) * 2 * CB
                     co0 = g * Cog + b * CB
@@ -791,27 +887,17 @@ def conv_transpose_rows(xf, xstride, wpk, offs, maxoff, ph_a, ph_b, row_h, row_o
                     if safe and V == 2:
                         ok &= _pair_6x2(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane, nb,
                                         bias, co0, has_bias, acc)
-                    elif safe and V == 1:
+                    elif safe:
                         ok &= _pair_6x1(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane, nb,
                                         bias, co0, has_bias, acc)
                     else:
-                        stride = _VW if short else _PAIR_VL
-                        if safe and short:
-                            _pair_6x1_acc4(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane,
-                                           nb, bias, co0, has_bias, acc)
-                        elif safe:
-                            _pair_6x1_acc(xf, xbase, oa, ob, wpk, wbase, K, of, obase, oplane,
-                                          nb, bias, co0, has_bias, acc)
                         for j in range(nb):
                             for i in range(ln):
-                                if safe:
-                                    a = acc[j * stride + i]
-                                else:
-                                    oo = oa if i % 2 == 0 else ob
-                                    a = 0.0
-                                    for kk in range(K):
-                                        a = _fma(wpk[wbase + kk * 2 * CB + (i % 2) * CB + j],
-                                                 xf[xbase + i // 2 + oo[kk]], a)
+                                oo = oa if i % 2 == 0 else ob
+                                a = 0.0
+                                for kk in range(K):
+                                    a = _fma(wpk[wbase + kk * 2 * CB + (i % 2) * CB + j],
+                                             xf[xbase + i // 2 + oo[kk]], a)
                                 v = a + bias[co0 + j] if has_bias else a
                                 of[obase + j * oplane + i] = v
                                 ok &= np.isfinite(v)
@@ -1455,10 +1541,11 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     wext = np.append(w5.reshape(-1), 0.0)
     if pair is not None:
         # stride 2 along W: whole output rows, both W phases interleaved in every vector
-        ph_a, ph_b, row_h, row_o, row_x, wpair = pair
+        ph_a, ph_b, row_h, row_o, row_x, wpair, wcv = pair
         offs, maxoff = geo[0], geo[1]
         finite = bool(_sized(conv_transpose_rows, conv_transpose_rows_serial, fmas, _SERIAL_FMA)(
-            xpad.reshape(-1), xpad.size // N, wext.take(wpair), offs, maxoff, ph_a, ph_b, row_h,
+            xpad.reshape(-1), xpad.size // N, wext.take(wpair), wext.take(wcv), offs, maxoff,
+            ph_a, ph_b, row_h,
             row_o, row_x, b if has_bias else np.zeros(Cout), has_bias, Cog, groups, O[2],
             max(1, min(len(row_h), 192 // O[2])), out5.reshape(N, Cout, -1)))
     else:
@@ -1525,8 +1612,10 @@ def _pair_rows(active, taps, J, K, s, p, start, count, O, hi, groups, Cig, Cog):
                 row_x.append((jd * hi[1] + jh) * hi[2])
     w6 = _transpose_widx(active, taps, J, K, groups, Cig, Cog, _ROW_CB)
     wpair = np.stack([w6[ph_a], w6[ph_b]], axis=-2)          # [h, g, blk, K, 2, CB]
+    wc = _transpose_widx(active, taps, J, K, groups, Cig, Cog, -(-Cog // _VW) * _VW)
+    wcv = np.stack([wc[ph_a], wc[ph_b]], axis=1)             # [h, 2, g, 1, K, WS]
     return _frozen(ph_a, ph_b, np.array(row_h), np.array(row_o), np.array(row_x),
-                   wpair.reshape(-1))
+                   wpair.reshape(-1), wcv.reshape(-1))
 
 
 @functools.lru_cache(maxsize=128)
