@@ -627,7 +627,6 @@ _micro_4x4_store = _make_micro_store(4, 4, 6)   # a group's last block of <= 4 c
 _micro_4x3_store = _make_micro_store(4, 3, 6)
 _micro_4x2_store = _make_micro_store(4, 2, 6)
 _micro_4x1_store = _make_micro_store(4, 1, 6)
-_micro_6x1 = _make_micro(6, 1)               # row remainders of fewer than 8 positions
 _ROW_CB = 6
 _ROW_SLACK = 4 * _VW                         # zeros after a row window (vector over-reads)
 
@@ -673,7 +672,7 @@ def _fill_window(xb, shape, n, c0, Cg, od, oh0, nr, pads, KDe, R, bb):
 
 
 @kernel
-def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias, Cog,
+def conv_forward_rows(x, pads, R, KDe, loffs, wpk, wcv, offs, maxoff, bias, has_bias, Cog,
                       rows_per_it, out):
     """Stride-1 grouped cross-correlation, output row by output row: the same sums as
     :func:`conv_forward_tiled` (terms kk = ci' * KT + tap in order, one fused multiply-add
@@ -681,8 +680,11 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
     so the micro-kernel (:func:`_make_micro_store`, 6 channels -- or 4 for a group's last
     block of at most 4 -- x 8/16/24/32 positions) stores its accumulators straight into
     ``out``: no "wide" positions past OW are computed and nothing is scattered.  Row
-    remainders of fewer than 8 positions and tiles whose vector loads would run past the
-    input take the 8-position micro-kernel into a buffer, or the scalar chain.
+    remainders of fewer than 8 positions go through the channel-vector micro-kernel
+    (:func:`_make_micro_cv`, one position, all channels of the group) with ``wcv [G, K,
+    WS]`` (WS = Cog rounded up to 8; empty when OW is a multiple of 8); tiles whose
+    vector loads would run past the input (and remainders without ``wcv``) take the
+    scalar chain.
 
     Two input modes, the same bits:
 
@@ -709,6 +711,7 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
     Cg = Cin // G
     CB = _ROW_CB
     nblk = (Cog + CB - 1) // CB
+    WS = wcv.shape[0] // (G * K) if G * K > 0 else 0
     fused = R > 0
     xf = x.reshape(-1)
     of = out.reshape(-1)
@@ -744,7 +747,7 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
             og = offs[g]
             mo = maxoff[g]
         ok = True
-        acc = np.empty(CB * _VW)
+        acc = np.empty(max(CB * _VW, WS))
         for oh in range(oh0, oh1):
             if fused:
                 xrow = (oh - oh0) * Wp
@@ -758,6 +761,17 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
                 if V == 0:
                     cw = OW - c
                 xbase = xrow + c
+                if V == 0 and WS > 0:
+                    # fewer than 8 positions left: one at a time, all channels of the group
+                    obase = (n * Cout + g * Cog) * oplane + orow + c
+                    for i in range(cw):
+                        _cv_chain(src, xbase + i, og, wcv, g * K * WS, WS, K, Cog, acc)
+                        for j in range(Cog):
+                            v = acc[j] + bias[g * Cog + j] if has_bias else acc[j]
+                            of[obase + j * oplane + i] = v
+                            ok &= np.isfinite(v)
+                    c += cw
+                    continue
                 safe = xbase + mo + max(V, 1) * _VW <= src.shape[0]
                 for b in range(nblk):
                     wbase = ((g * nblk + b) * K) * CB
@@ -790,18 +804,13 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, offs, maxoff, bias, has_bias,
                         ok &= _micro_6x1_store(src, xbase, og, wpk, wbase, K, of, obase, oplane,
                                                nb, bias, co0, has_bias)
                     else:
-                        if safe:
-                            _micro_6x1(src, xbase, og, wpk, wbase, K, acc)
+                        # vector loads would run past the input: the scalar chain
                         ln = cw if V == 0 else V * _VW
                         for j in range(nb):
                             for i in range(ln):
-                                if safe:
-                                    a = acc[j * _VW + i]
-                                else:
-                                    a = 0.0
-                                    for kk in range(K):
-                                        a = _fma(wpk[wbase + kk * CB + j], src[xbase + og[kk] + i],
-                                                 a)
+                                a = 0.0
+                                for kk in range(K):
+                                    a = _fma(wpk[wbase + kk * CB + j], src[xbase + og[kk] + i], a)
                                 v = a + bias[co0 + j] if has_bias else a
                                 of[obase + j * oplane + i] = v
                                 ok &= np.isfinite(v)
@@ -1003,6 +1012,18 @@ def _pack_weights(w, G, CB):
     wp = np.zeros((G, nblk * CB, K), dtype=np.float64)
     wp[:, :Cog] = w.reshape(G, Cog, K)
     return np.ascontiguousarray(wp.reshape(G, nblk, CB, K).transpose(0, 1, 3, 2)).reshape(-1)
+
+
+def _cv_weights(w, G, OW):
+    """``w [G*Cog, K]`` -> flat ``[G, K, WS]`` (channels last, zero-padded to WS = Cog
+    rounded up to 8) for the channel-vector kernel of :func:`conv_forward_rows` -- or an
+    empty array when rows of ``OW`` positions leave no remainder for it."""
+    if OW % _VW == 0:
+        return np.zeros(0, dtype=np.float64)
+    Cog = w.shape[0] // G
+    wc = np.zeros((G, w.shape[1], -(-Cog // _VW) * _VW), dtype=np.float64)
+    wc[:, :, :Cog] = w.reshape(G, Cog, -1).transpose(0, 2, 1)
+    return wc.reshape(-1)
 
 
 def _wide_dst(counts, starts, steps, grid, oshape):
@@ -1348,7 +1369,8 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads=(0, 0, 0), spl
         if Cg * KDe * R * (x5.shape[4] + 2 * pads[2]) <= _FUSE_WINDOW:
             ok, x_ok = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
                 x5, np.array(pads, dtype=np.int64), R, KDe, loffs,
-                _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB), offs, maxoff,
+                _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
+                _cv_weights(w5.reshape(Cout, -1), groups, OW), offs, maxoff,
                 b if has_bias else np.zeros(Cout, dtype=np.float64), has_bias, Cog, rpi,
                 out5)
             return bool(ok), bool(x_ok)
@@ -1365,6 +1387,7 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads=(0, 0, 0), spl
         # the output (short ragged rows do better in the wide layout)
         ok, _ = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
             xp, _NO_PADS, 0, 1, _NO_OFFS, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
+            _cv_weights(w5.reshape(Cout, -1), groups, OW),
             geo[0], geo[1], b if has_bias else np.zeros(Cout, dtype=np.float64), has_bias, Cog,
             rpi, out5)
         return bool(ok), None
