@@ -387,21 +387,25 @@ def test_generic_kernels_alone_give_the_same_bits(monkeypatch):
         assert f().tobytes() == t.tobytes()
 
 
-@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("path", ["rows", "padded copy", "split", "split, one phase"])
 @pytest.mark.parametrize("bad, where", [(np.nan, (0, 0, 0, 0)), (np.inf, (1, 2, 5, 16)),
-                                        (-np.inf, (1, 1, 3, 7)), (np.nan, (0, 2, 2, 0))])
-def test_nonfinite_input_raises_whatever_the_kernel_path(bad, where, fuse, monkeypatch):
-    """convolution scans x for NaN/inf after the kernel, which (row tiles with padding)
-    checks every element as it copies its windows; a single NaN/inf anywhere must raise
-    NonFiniteError naming x and its index -- also in rows that no output reads (here
-    input rows 2 and 3 fall between the two dilated taps)."""
+                                        (-np.inf, (1, 1, 3, 7)), (np.nan, (0, 2, 2, 0)),
+                                        (np.nan, (1, 0, 3, 1))])
+def test_nonfinite_input_raises_whatever_the_kernel_path(bad, where, path, monkeypatch):
+    """convolution scans x for NaN/inf after the kernel unless the kernel checked every
+    element as it copied it (row tiles padding their windows; the stride-phase split with
+    every phase used); a single NaN/inf anywhere must raise NonFiniteError naming x and
+    its index -- also where no output reads it (rows 2 and 3 between the two dilated taps
+    of "rows"; odd rows and columns of the 1x1 stride-2 "split, one phase")."""
     from hmath_dl._kernels import conv as K
-    if not fuse:
+    if path == "padded copy":
         monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
     x = np.random.default_rng(17).standard_normal((2, 3, 6, 17))
     x[where] = bad
-    w = np.ones((7, 3, 2, 3))
-    opts = ConvOptions(1, (1, 1), (5, 1))
+    w, opts = {"rows": (np.ones((7, 3, 2, 3)), ConvOptions(1, (1, 1), (5, 1))),
+               "padded copy": (np.ones((7, 3, 2, 3)), ConvOptions(1, (1, 1), (5, 1))),
+               "split": (np.ones((6, 3, 3, 3)), ConvOptions(2, 1, 1)),
+               "split, one phase": (np.ones((6, 3, 1, 1)), ConvOptions(2, 0, 1))}[path]
     with pytest.raises(NonFiniteError, match=r"^convolution: x contains .* at index %s" %
                        re.escape(str(where))):
         convolution(opts, x, w, None)

@@ -1109,11 +1109,15 @@ def pad_split(x, pd, ph, pw, sd, sh, sw, ud, uh, uw, out):
     qh*sh + uh[b], qw*sw + uw[e]]`` (zero where that is padding or past the padded extent),
     ``P = len(ud)*len(uh)*len(uw)``.  A strided correlation on ``xpad`` is then a stride-1
     one on the phases: ``xpad[o*s + k*d] = phase_{(k*d) mod s}[o + (k*d) div s]``.
-    Every element of ``out`` is written once; parallel over output planes."""
+    Every element of ``out`` is written once; parallel over output planes.  Returns True
+    iff every element of ``x`` that was copied is finite (with every residue used, that
+    is all of ``x``)."""
     N, C, D, H, W = x.shape
     nh, nw = uh.shape[0], uw.shape[0]
     P = ud.shape[0] * nh * nw
     Dq, Hq, Wq = out.shape[2], out.shape[3], out.shape[4]
+    xb = x.reshape(-1).view(np.uint64)
+    finite = np.ones(N * C * P, dtype=np.bool_)
     for t in prange(N * C * P):
         f = t % P
         r = t // P
@@ -1132,16 +1136,21 @@ def pad_split(x, pd, ph, pw, sd, sh, sw, ud, uh, uw, out):
                         row[qw] = 0.0
                 else:
                     src = x[n, c, i, j]
+                    sb = (((n * C + c) * D + i) * H + j) * W
                     # qw*sw + rw - pw inside [0, W) exactly for q0 <= qw < q1
                     q0 = min(Wq, max(0, (pw - rw + sw - 1) // sw))
                     q1 = max(q0, min(Wq, (W + pw - rw + sw - 1) // sw))
                     for qw in range(q0):
                         row[qw] = 0.0
                     base = rw - pw
+                    m = np.uint64(0)
                     for qw in range(q0, q1):
                         row[qw] = src[qw * sw + base]
+                        m = max(m, xb[sb + qw * sw + base] & _EXP_BITS)
+                    finite[t] &= m != _EXP_BITS
                     for qw in range(q1, Wq):
                         row[qw] = 0.0
+    return finite.all()
 
 
 def _used_residues(K, s, d):
@@ -1458,8 +1467,9 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
     Returns the output.  Non-finite values are not rejected here; with
     ``report_finite=True`` it returns ``(out, finite, x_finite)`` where ``finite`` is
     True/False when the kernel checked every output as it stored it (the tiled paths),
-    else None (the caller must scan), and ``x_finite`` True/False when the kernel checked
-    every element of ``x`` as it copied it (the row kernel with fused padding), else None.
+    else None (the caller must scan), and ``x_finite`` True/False when a kernel checked
+    every element of ``x`` as it copied it (the row kernel with fused padding; the
+    stride-phase split when every phase is used), else None.
     """
     r = x.ndim - 2
     s = _pad3(stride, 1)
@@ -1483,11 +1493,13 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
         P = len(used[0]) * len(used[1]) * len(used[2])
         grid = tuple(-(-(S[a] + 2 * p[a]) // s[a]) for a in range(3))
         xq = np.empty((N, Cin * P) + grid, dtype=np.float64)
-        _sized(pad_split, pad_split_serial, xq.size, SERIAL_WORK)(
+        copied = _sized(pad_split, pad_split_serial, xq.size, SERIAL_WORK)(
             x5, p[0], p[1], p[2], s[0], s[1], s[2], *(np.asarray(u, dtype=np.int64) for u in used),
             xq)
-        finite, x_finite = _launch_forward(xq, w5, b, bias is not None, int(groups), s, d,
-                                           _out5(out), split=s)
+        finite, _ = _launch_forward(xq, w5, b, bias is not None, int(groups), s, d, _out5(out),
+                                    split=s)
+        # every residue used: the split copied (and checked) every element of x
+        x_finite = bool(copied) if P == s[0] * s[1] * s[2] else None
     elif out.size:
         finite, x_finite = _launch_forward(x5, w5, b, bias is not None, int(groups), s, d,
                                            _out5(out), pads=p)
