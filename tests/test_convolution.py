@@ -302,6 +302,39 @@ def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, w
     assert_matches(tiled, ref, mag, w[0].size)
 
 
+@pytest.mark.parametrize("xs, ws, s, p, d, groups", [
+    ((2, 3, 9, 40), (6, 3, 3, 3), (2, 2), (1, 1), (1, 1), 1),          # every phase used
+    ((1, 4, 7, 70), (12, 2, 2, 3), (2, 3), (0, 2), (1, 2), 2),         # dilation 2 along W
+    ((2, 3, 8, 35), (7, 3, 1, 1), (2, 2), (0, 0), (1, 1), 1),          # 1x1: one phase
+    ((1, 2, 5, 4, 36), (6, 2, 2, 2, 3), (2, 1, 2), (1, 1, 0), (2, 1, 1), 1),   # 3-D
+    ((2, 2, 100), (9, 2, 4), (3,), (2,), (2,), 1),                     # 1-D, stride 3
+])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_strided_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, groups, fuse,
+                                                           monkeypatch):
+    """Strided convolutions with long output rows take the row kernel, which copies the
+    stride phases of its own input windows (or, with ``fuse`` False, reads the phase
+    split of :func:`pad_split`); either way the bytes of the generic direct kernel, and
+    the oracle's numbers."""
+    from hmath_dl._kernels import conv as K
+    if not fuse:
+        monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
+    g = np.random.default_rng(18)
+    x, w, b = g.standard_normal(xs), g.standard_normal(ws), g.standard_normal(ws[0])
+    p3 = K._pad3(p, 0)
+    x5 = K._as5(x)
+    xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
+    xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
+    got = conv_nd(x, w, b, s, p, d, groups)
+    assert got.shape[-1] >= 16
+    generic = np.empty_like(got)
+    K.conv_forward(xp, K._as5(w), b, True, groups, *K._pad3(s, 1), *K._pad3(d, 1),
+                   K._out5(generic))
+    assert got.tobytes() == generic.tobytes()
+    ref, mag = conv_reference(x, w, b, s, p, d, groups)
+    assert_matches(got, ref, mag, w[0].size)
+
+
 BOUNDS_CASES = """
 import sys
 import numpy as np
@@ -330,6 +363,11 @@ outs = [
             (2, 1), (1, 0), (1, 2), 1),
     conv_nd(g.standard_normal((1, 2, 5, 9)), g.standard_normal((4, 1, 2, 3)), None,
             (3, 2), (1, 1), (1, 1), 2),
+    # row tiles copying the stride phases of their own windows (1x1: one phase; 3-D)
+    conv_nd(g.standard_normal((2, 3, 8, 35)), g.standard_normal((7, 3, 1, 1)), None,
+            (2, 2), (0, 0), (1, 1), 1),
+    conv_nd(g.standard_normal((1, 2, 5, 4, 36)), g.standard_normal((6, 2, 2, 2, 3)), None,
+            (2, 1, 2), (1, 1, 0), (2, 1, 1), 1),
 ]
 for o in outs:
     sys.stdout.buffer.write(o.tobytes())

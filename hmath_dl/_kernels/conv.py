@@ -635,45 +635,68 @@ _EXP_BITS = np.uint64(0x7FF0000000000000)   # exponent field: all ones only for 
 
 
 @helper
-def _fill_window(xb, shape, n, c0, Cg, od, oh0, nr, pads, KDe, R, bb):
-    """Copy the zero-padded input window that one run of output rows reads into the
-    buffer ``bb`` (bit patterns, uint64 views): ``bb[((c*KDe + dz)*R + r)*Wp + j] =
-    xpad[n, c0 + c, od + dz, oh0 + r, j]`` for ``c < Cg``, ``dz < KDe``, ``r < nr``, where
-    ``xpad`` is the input ``xb`` (flat, of ``shape`` = (N, Cin, D, H, W)) with ``pads`` =
-    (pd, ph, pw) zeros on both sides and ``Wp = W + 2 pw``; then zeros in the last
-    ``_ROW_SLACK`` elements.  Rows ``nr .. R-1`` are left untouched (never read).
-    Returns True iff every copied input element is finite (the largest masked exponent
-    field; an integer reduction, so it vectorises)."""
+def _fill_window(xb, shape, n, c0, Cg, od, oh0, nr, pads, strides, ud, uh, uw, KDe, R, Wr, bb):
+    """Copy the input window that one run of output rows reads into the buffer ``bb``
+    (bit patterns, uint64 views).  The window holds, for the ``Cg`` channels from ``c0``
+    and every used stride phase ``f`` = (a*len(uh) + b)*len(uw) + e (residues ``ud[a]``,
+    ``uh[b]``, ``uw[e]``; ``P`` phases), ``KDe`` depth slices from ``od`` and ``nr`` rows
+    from ``oh0`` of that phase of the zero-padded input:
+
+    ``bb[(((c*P + f)*KDe + dz)*R + r)*Wr + q] = xpad[n, c0 + c, (od+dz)*sd + ud[a],
+    (oh0+r)*sh + uh[b], q*sw + uw[e]]`` for ``q < Wr``
+
+    (``xb`` flat input of ``shape`` (N, Cin, D, H, W), ``xpad`` it with ``pads`` zeros on
+    both sides, zero past its extent); stride 1 with residues 0 is the plain padded
+    window.  The last ``_ROW_SLACK`` elements are zeroed; rows ``nr .. R-1`` are left
+    untouched (never read).  Returns True iff every copied input element is finite (the
+    largest masked exponent field; an integer reduction, so it vectorises)."""
     Cin, D, H, W = shape[1], shape[2], shape[3], shape[4]
     pd, ph, pw = pads[0], pads[1], pads[2]
-    Wp = W + 2 * pw
+    sd, sh, sw = strides[0], strides[1], strides[2]
+    nh, nw = uh.shape[0], uw.shape[0]
+    P = ud.shape[0] * nh * nw
     m = np.uint64(0)
     for c in range(Cg):
-        for dz in range(KDe):
-            di = od + dz - pd
-            for r in range(nr):
-                hi = oh0 + r - ph
-                dst = ((c * KDe + dz) * R + r) * Wp
-                if 0 <= di < D and 0 <= hi < H:
-                    src = (((n * Cin + c0 + c) * D + di) * H + hi) * W
-                    for j in range(pw):
-                        bb[dst + j] = 0
-                        bb[dst + pw + W + j] = 0
-                    for j in range(W):
-                        v = xb[src + j]
-                        bb[dst + pw + j] = v
-                        m = max(m, v & _EXP_BITS)
-                else:
-                    for j in range(Wp):
-                        bb[dst + j] = 0
+        for f in range(P):
+            rd = ud[f // (nh * nw)]
+            rh = uh[(f // nw) % nh]
+            rw = uw[f % nw]
+            # q*sw + rw - pw inside [0, W) exactly for q0 <= q < q1
+            q0 = min(Wr, max(0, (pw - rw + sw - 1) // sw))
+            q1 = max(q0, min(Wr, (W + pw - rw + sw - 1) // sw))
+            base = rw - pw
+            for dz in range(KDe):
+                di = (od + dz) * sd + rd - pd
+                for r in range(nr):
+                    hi = (oh0 + r) * sh + rh - ph
+                    dst = (((c * P + f) * KDe + dz) * R + r) * Wr
+                    if 0 <= di < D and 0 <= hi < H:
+                        src = (((n * Cin + c0 + c) * D + di) * H + hi) * W + base
+                        for q in range(q0):
+                            bb[dst + q] = 0
+                        if sw == 1:
+                            for q in range(q0, q1):
+                                v = xb[src + q]
+                                bb[dst + q] = v
+                                m = max(m, v & _EXP_BITS)
+                        else:
+                            for q in range(q0, q1):
+                                v = xb[src + q * sw]
+                                bb[dst + q] = v
+                                m = max(m, v & _EXP_BITS)
+                        for q in range(q1, Wr):
+                            bb[dst + q] = 0
+                    else:
+                        for q in range(Wr):
+                            bb[dst + q] = 0
     for j in range(bb.shape[0] - _ROW_SLACK, bb.shape[0]):
         bb[j] = 0
     return m != _EXP_BITS
 
 
 @kernel
-def conv_forward_rows(x, pads, R, KDe, loffs, wpk, wcv, offs, maxoff, bias, has_bias, Cog,
-                      rows_per_it, out):
+def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv, offs, maxoff,
+                      bias, has_bias, Cog, rows_per_it, out):
     """Stride-1 grouped cross-correlation, output row by output row: the same sums as
     :func:`conv_forward_tiled` (terms kk = ci' * KT + tap in order, one fused multiply-add
     each from 0.0, then the bias), but every tile is up to 32 positions of ONE output row,
@@ -703,9 +726,7 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, wcv, offs, maxoff, bias, has_
     are stored; the second, with fused padding, as the windows are copied (every input
     element lies in some window), else True."""
     N, Cin = x.shape[0], x.shape[1]
-    Dp = x.shape[2] + 2 * pads[0]
-    Hp = x.shape[3] + 2 * pads[1]
-    Wp = x.shape[4] + 2 * pads[2]
+    Dp, Hp, Wp = x.shape[2], x.shape[3], x.shape[4]
     Cout, OD, OH, OW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
     G, K = offs.shape
     Cg = Cin // G
@@ -721,7 +742,8 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, wcv, offs, maxoff, bias, has_
     lmax = 0
     for kk in range(loffs.shape[0]):
         lmax = max(lmax, loffs[kk])
-    bufsize = Cg * KDe * R * Wp + _ROW_SLACK if fused else 0
+    P = ud.shape[0] * uh.shape[0] * uw.shape[0]
+    bufsize = Cg * P * KDe * R * Wr + _ROW_SLACK if fused else 0
     finite = np.ones(N * G * OD * nih, dtype=np.bool_)
     xin = np.ones(N * G * OD * nih, dtype=np.bool_)
     xbits = xf.view(np.uint64)
@@ -737,8 +759,8 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, wcv, offs, maxoff, bias, has_
         buf = np.empty(bufsize)
         if fused:
             xin[t] = _fill_window(xbits, x.shape, n, g * Cg, Cg, od, oh0,
-                                  oh1 - oh0 + R - rows_per_it, pads, KDe, R,
-                                  buf.view(np.uint64))
+                                  oh1 - oh0 + R - rows_per_it, pads, strides, ud, uh, uw,
+                                  KDe, R, Wr, buf.view(np.uint64))
             src = buf
             og = loffs
             mo = lmax
@@ -750,7 +772,7 @@ def conv_forward_rows(x, pads, R, KDe, loffs, wpk, wcv, offs, maxoff, bias, has_
         acc = np.empty(max(CB * _VW, WS))
         for oh in range(oh0, oh1):
             if fused:
-                xrow = (oh - oh0) * Wp
+                xrow = (oh - oh0) * Wr
             else:
                 xrow = n * xstride + (od * Hp + oh) * Wp
             orow = od * OH * OW + oh * OW
@@ -1348,60 +1370,79 @@ def tiled_kernels_enabled():
 
 _FUSE_WINDOW = 1 << 17    # largest row window (float64 elements) copied per iteration
 _ROW_POSITIONS = 192       # output positions per iteration of the row kernel (about)
-_NO_PADS = np.zeros(3, dtype=np.int64)
-_NO_PADS.flags.writeable = False
+_ONES3 = np.ones(3, dtype=np.int64)
+_ZEROS1 = np.zeros(1, dtype=np.int64)
+_ZEROS3 = np.zeros(3, dtype=np.int64)
 _NO_OFFS = np.zeros(0, dtype=np.int64)
-_NO_OFFS.flags.writeable = False
+for _a in (_ONES3, _ZEROS1, _ZEROS3, _NO_OFFS):
+    _a.flags.writeable = False
 
 
-def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads=(0, 0, 0), split=None):
-    """Run the forward kernel on the rank-5 input ``x5`` zero-padded by ``pads`` -- or,
-    with ``split`` (the strides), on the stride phases of the padded input laid out by
-    :func:`pad_split` (``pads`` then zeros): a register-tiled one (:func:`conv_forward_rows`
-    / :func:`conv_forward_tiled`) for stride 1 or split input and at least 4 output
-    channels per group, else :func:`conv_forward`.  All sum the same terms in the same
-    order (same bits).  The row kernel pads as it goes (each iteration copies the window
-    it reads, at most ``_FUSE_WINDOW`` elements); the other kernels read a padded copy.
+def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
+    """Run the forward convolution of the rank-5 input ``x5`` (zero padding ``pads``,
+    strides ``s``, dilations ``d``) into ``out5`` with the fastest kernel that applies;
+    all sum the same terms in the same order (same bits):
+
+    * :func:`conv_forward_rows` copying its own input windows (padding and stride phases
+      applied as it copies) -- at least 6 output channels per group and rows of whole
+      vectors or at least 16 wide, windows of at most ``_FUSE_WINDOW`` elements;
+    * else, with at least 4 output channels per group, :func:`conv_forward_rows` or
+      :func:`conv_forward_tiled` on a padded copy (stride 1) or on the stride phases laid
+      out by :func:`pad_split`;
+    * else (or without AVX-512) the generic :func:`conv_forward` on a padded copy.
+
     Returns ``(finite, x_finite)``: whether every output is finite when the kernel checked
-    it (the tiled paths), else None; whether every input element is finite when the kernel
-    checked it (the row kernel with fused padding copies them all), else None."""
+    it (the tiled paths), else None; whether every element of ``x5`` is finite when a
+    kernel copied them all and checked them, else None."""
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
     fmas = out5.size * (w5.size // Cout)
-    tiled = ((s == (1, 1, 1) or split is not None) and Cog >= 4 and tiled_kernels_enabled())
+    S, K3 = x5.shape[2:], w5.shape[2:]
+    tiled = Cog >= 4 and tiled_kernels_enabled()
     OD, OH, OW = out5.shape[2:]
     rows = tiled and Cog >= _ROW_CB and (OW >= 2 * _VW or (OW > 0 and OW % _VW == 0))
     rpi = max(1, min(OH, _ROW_POSITIONS // max(OW, 1)))
-    if rows and any(pads):
-        R, KDe, loffs, offs, maxoff = _window_geometry(w5.shape[2:], d, groups, Cg, rpi,
-                                                       x5.shape[4] + 2 * pads[2])
-        if Cg * KDe * R * (x5.shape[4] + 2 * pads[2]) <= _FUSE_WINDOW:
+    bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
+    if rows and (any(pads) or s != (1, 1, 1)):
+        R, KDe, Wr, used, loffs, offs, maxoff, covers = _window_geometry(
+            S, K3, s, d, pads, out5.shape[2:], groups, Cg, rpi)
+        if Cg * len(used[0]) * len(used[1]) * len(used[2]) * KDe * R * Wr <= _FUSE_WINDOW:
             ok, x_ok = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
-                x5, np.array(pads, dtype=np.int64), R, KDe, loffs,
-                _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
-                _cv_weights(w5.reshape(Cout, -1), groups, OW), offs, maxoff,
-                b if has_bias else np.zeros(Cout, dtype=np.float64), has_bias, Cog, rpi,
-                out5)
-            return bool(ok), bool(x_ok)
-    xp = _padded(x5, pads)
+                x5, np.array(pads, dtype=np.int64), np.array(s, dtype=np.int64), *used, R, KDe,
+                Wr, loffs, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
+                _cv_weights(w5.reshape(Cout, -1), groups, OW), offs, maxoff, bvec, has_bias,
+                Cog, rpi, out5)
+            return bool(ok), (bool(x_ok) if covers else None)
     if not tiled:
         _sized(conv_forward, conv_forward_serial, fmas, _SERIAL_FMA)(
-            xp, w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
+            _padded(x5, pads), w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return None, None
-    split = split or (1, 1, 1)
-    geo = _forward_geometry(xp.shape[2:], w5.shape[2:], d, groups, Cg, Cog, out5.shape[2:],
-                            split)
+    x_ok = None
+    if s != (1, 1, 1):
+        # pad and split into the stride phases that are read, then correlate at stride 1
+        used = _used_residues(K3, s, d)
+        P = len(used[0]) * len(used[1]) * len(used[2])
+        grid = tuple(-(-(S[a] + 2 * pads[a]) // s[a]) for a in range(3))
+        xp = np.empty((x5.shape[0], x5.shape[1] * P) + grid, dtype=np.float64)
+        copied = _sized(pad_split, pad_split_serial, xp.size, SERIAL_WORK)(
+            x5, pads[0], pads[1], pads[2], s[0], s[1], s[2],
+            *(np.asarray(u, dtype=np.int64) for u in used), xp)
+        # every residue used: the split copied (and checked) every element of x
+        x_ok = bool(copied) if P == s[0] * s[1] * s[2] else None
+    else:
+        xp = _padded(x5, pads)
+    geo = _forward_geometry(xp.shape[2:], K3, d, groups, Cg, Cog, out5.shape[2:], s)
     if rows:
         # rows of whole 8-position vectors, or long ones: row tiles stored straight into
         # the output (short ragged rows do better in the wide layout)
         ok, _ = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
-            xp, _NO_PADS, 0, 1, _NO_OFFS, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
-            _cv_weights(w5.reshape(Cout, -1), groups, OW),
-            geo[0], geo[1], b if has_bias else np.zeros(Cout, dtype=np.float64), has_bias, Cog,
+            xp, _ZEROS3, _ONES3, _ZEROS1, _ZEROS1, _ZEROS1, 0, 1, xp.shape[4], _NO_OFFS,
+            _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
+            _cv_weights(w5.reshape(Cout, -1), groups, OW), geo[0], geo[1], bvec, has_bias, Cog,
             rpi, out5)
-        return bool(ok), None
+        return bool(ok), x_ok
     return _launch_tiled(xp, _pack_weights(w5.reshape(Cout, -1), groups, _tile_cb(Cog)), Cog,
-                         geo, b, has_bias, out5, fmas), None
+                         geo, b, has_bias, out5, fmas), x_ok
 
 
 def _padded(x5, pads):
@@ -1418,19 +1459,37 @@ def _padded(x5, pads):
 
 
 @functools.lru_cache(maxsize=128)
-def _window_geometry(K3, d, groups, Cg, rpi, Wp):
-    """Row windows of :func:`conv_forward_rows` with fused padding: ``(R, KDe, loffs, offs,
-    maxoff)`` -- rows per window (``rpi`` output rows + dilated kernel height - 1), depth
-    slices (dilated kernel depth), the offset of term kk = ci' * KT + (kd*KH + kh)*KW + kw
-    in the window ``[Cg, KDe, R, Wp]``, and placeholder (zero) ``[groups, K]`` offsets and
-    ``[groups]`` maxima that only carry the shape.  Cached, read-only."""
-    KDe = d[0] * (K3[0] - 1) + 1
-    R = rpi + d[1] * (K3[1] - 1)
-    taps = ((np.arange(K3[0]) * d[0] * R)[:, None, None] * Wp
-            + (np.arange(K3[1]) * d[1])[None, :, None] * Wp
-            + (np.arange(K3[2]) * d[2])[None, None, :]).reshape(-1)
-    loffs = (np.arange(Cg)[:, None] * (KDe * R * Wp) + taps[None, :]).reshape(-1)
-    return (R, KDe) + _frozen(loffs, np.zeros((groups, loffs.size)), np.zeros(groups))
+def _window_geometry(S, K3, s, d, pads, O, groups, Cg, rpi):
+    """Row windows of :func:`conv_forward_rows` copying its own input (see
+    :func:`_fill_window`): ``(R, KDe, Wr, used, loffs, offs, maxoff, covers)`` -- rows per
+    window (``rpi`` output rows + the largest row offset of a tap within its stride
+    phase), depth slices (likewise), the row length (the width of a stride phase of the
+    padded input), the used residues per axis (int64 arrays), the offset of term kk = ci'
+    * KT + (kd*KH + kh)*KW + kw in the window ``[Cg, P, KDe, R, Wr]``, placeholder (zero)
+    ``[groups, K]`` offsets and ``[groups]`` maxima that only carry the shape, and whether
+    the windows copy every element of the input (every residue used, and the last input
+    row/slice inside the last window), so that the kernel's finiteness verdict on the
+    copied elements covers all of x.  Cached, read-only."""
+    used = _used_residues(K3, s, d)
+    nu = [len(u) for u in used]
+    P = nu[0] * nu[1] * nu[2]
+    k = [np.arange(K3[a]) * d[a] for a in range(3)]
+    ix = [np.searchsorted(np.asarray(used[a]), k[a] % s[a]) for a in range(3)]
+    phase = (ix[0][:, None, None] * (nu[1] * nu[2]) + ix[1][None, :, None] * nu[2]
+             + ix[2][None, None, :])
+    KDe = int((k[0] // s[0]).max()) + 1
+    R = rpi + int((k[1] // s[1]).max())
+    Wr = -(-(S[2] + 2 * pads[2]) // s[2])
+    taps = (((phase * KDe + (k[0] // s[0])[:, None, None]) * R
+             + (k[1] // s[1])[None, :, None]) * Wr + (k[2] // s[2])[None, None, :]).reshape(-1)
+    loffs = (np.arange(Cg)[:, None] * (P * KDe * R * Wr) + taps[None, :]).reshape(-1)
+    # the last phase row (slice) copied is O - 1 + the largest tap offset; it reaches the
+    # last real input element when (that)*s + s - 1 >= pad + S - 1 (all residues used)
+    covers = (P == s[0] * s[1] * s[2]
+              and all((O[a] - 1 + int((k[a] // s[a]).max())) * s[a] + s[a] - 1
+                      >= pads[a] + S[a] - 1 for a in (0, 1)))
+    return ((R, KDe, Wr, _frozen(*used)) + _frozen(loffs, np.zeros((groups, loffs.size)),
+                                                    np.zeros(groups)) + (covers,))
 
 
 @functools.lru_cache(maxsize=128)
@@ -1486,23 +1545,9 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
         out = np.empty(shape, dtype=np.float64)
     b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
     finite = x_finite = None
-    if (out.size and s != (1, 1, 1) and w.shape[0] // int(groups) >= 4
-            and tiled_kernels_enabled()):
-        # strided: pad and split into stride phases, then a stride-1 tiled correlation
-        used = _used_residues(K, s, d)
-        P = len(used[0]) * len(used[1]) * len(used[2])
-        grid = tuple(-(-(S[a] + 2 * p[a]) // s[a]) for a in range(3))
-        xq = np.empty((N, Cin * P) + grid, dtype=np.float64)
-        copied = _sized(pad_split, pad_split_serial, xq.size, SERIAL_WORK)(
-            x5, p[0], p[1], p[2], s[0], s[1], s[2], *(np.asarray(u, dtype=np.int64) for u in used),
-            xq)
-        finite, _ = _launch_forward(xq, w5, b, bias is not None, int(groups), s, d, _out5(out),
-                                    split=s)
-        # every residue used: the split copied (and checked) every element of x
-        x_finite = bool(copied) if P == s[0] * s[1] * s[2] else None
-    elif out.size:
+    if out.size:
         finite, x_finite = _launch_forward(x5, w5, b, bias is not None, int(groups), s, d,
-                                           _out5(out), pads=p)
+                                           _out5(out), p)
     return (out, finite, x_finite) if report_finite else out
 
 
