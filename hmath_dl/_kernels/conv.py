@@ -17,15 +17,26 @@ autodiff rules):
 * :func:`conv_weight_grad_nd` - gradient of :func:`conv_nd` with respect to its weights
   (a plain scalar kernel, parallel over (co, ci'); correct but not tuned).
 
-Two forward kernels share one specification -- ``out = bias + (fused multiply-add chain
-over the terms (ci', kd, kh, kw) in that order, from 0.0)`` -- and therefore the bits:
+Every kernel shares one specification -- ``out = bias + (fused multiply-add chain over
+the terms (ci', kd, kh, kw) in that order, from 0.0)`` -- and therefore the bits; tests
+hold each path to the generic kernel's bytes.  With AVX-512 (:func:`tiled_kernels_enabled`)
+and at least 4 output channels per group, register-tiled micro-kernels written directly
+in LLVM IR do the work (:func:`_emit_chain`: up to 24 512-bit accumulators, vector loads
+of x, broadcast weights; about 80 GFLOP/s per core here, near the FMA throughput):
 
-* :func:`conv_forward_tiled` (stride 1, at least 4 output channels per group; also every
-  phase of a transposed convolution): a register-tiled micro-kernel written directly in
-  LLVM IR (:func:`_make_micro`) keeps 8 channels x 24 positions (or 4 x 48) of outputs in
-  24 512-bit accumulators, loads 3 input vectors and broadcasts 8 weights per term --
-  about 80 GFLOP/s per core here, near the FMA throughput;
-* :func:`conv_forward` (strides > 1, fewer than 4 output channels per group, depthwise):
+* :func:`conv_forward_rows` (forward, >= 6 output channels per group, output rows of
+  whole vectors or >= 16 wide): 6 channels x up to 32 positions of one output row,
+  stored straight into the output; every iteration copies the input window it reads
+  (padding and stride phases applied as it copies, NaN/inf noted); row remainders of
+  fewer than 8 positions through the channel-vector kernel (:func:`_make_micro_cv`: one
+  position, all channels);
+* :func:`conv_transpose_rows` (transposed, stride 2 along W): both W phases of an output
+  row in one micro-kernel, interleaved on store; remainders through the channel-vector
+  kernel;
+* :func:`conv_forward_tiled` (short ragged rows; the other transposed convolutions):
+  8 channels x 24 positions (or 4 x 48) in the "wide" layout of a padded (or
+  stride-phase split, :func:`pad_split`) input, scattered on store;
+* :func:`conv_forward` (fewer than 4 output channels per group, depthwise, no AVX-512):
   4-channel blocks with an explicit 8-lane vector FMA (:func:`_vfma`) over accumulator
   rows in memory.
 
