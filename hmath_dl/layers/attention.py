@@ -399,7 +399,8 @@ def alibi_bias(slope, queries, keys, offset):
         return out
     dist = np.abs((np.arange(nq, dtype=np.int64) + off)[:, None]
                   - np.arange(nk, dtype=np.int64)[None, :]).astype(np.float64)
-    np.multiply(dist, -sl, out=out)
+    with np.errstate(over="ignore"):      # overflow is reported below, as NumericOverflow
+        np.multiply(dist, -sl, out=out)
     out += 0.0  # -0.0 on the diagonal becomes +0.0
     if not _checks.is_finite(out):
         raise NumericOverflow(f"{fname}: slope * distance overflows float64 "
