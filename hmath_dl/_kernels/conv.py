@@ -54,6 +54,7 @@ import math
 
 import llvmlite.ir as llvm_ir
 import numpy as np
+import numba
 from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
@@ -1412,7 +1413,7 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     tiled = Cog >= 4 and tiled_kernels_enabled()
     OD, OH, OW = out5.shape[2:]
     rows = tiled and Cog >= _ROW_CB and (OW >= 2 * _VW or (OW > 0 and OW % _VW == 0))
-    rpi = max(1, min(OH, _ROW_POSITIONS // max(OW, 1)))
+    rpi = _rows_per_iteration(out5.shape[0] * groups * OD, OH, OW)
     bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
     if rows and (any(pads) or s != (1, 1, 1)):
         R, KDe, Wr, used, loffs, offs, maxoff, covers = _window_geometry(
@@ -1454,6 +1455,18 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
         return bool(ok), x_ok
     return _launch_tiled(xp, _pack_weights(w5.reshape(Cout, -1), groups, _tile_cb(Cog)), Cog,
                          geo, b, has_bias, out5, fmas), x_ok
+
+
+def _rows_per_iteration(planes, OH, OW):
+    """Output rows per iteration of :func:`conv_forward_rows`: about ``_ROW_POSITIONS``
+    positions, halved while that leaves fewer than 4 iterations per thread (few large
+    images).  Only the schedule depends on it (and thus on the thread count), never the
+    bits."""
+    rpi = max(1, min(OH, _ROW_POSITIONS // max(OW, 1)))
+    need = 4 * numba.get_num_threads()
+    while rpi > 1 and planes * -(-OH // rpi) < need:
+        rpi = (rpi + 1) // 2
+    return rpi
 
 
 def _padded(x5, pads):
