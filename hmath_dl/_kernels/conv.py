@@ -683,18 +683,23 @@ def _fill_window(xb, shape, n, c0, Cg, od, oh0, nr, pads, strides, ud, uh, uw, K
                     hi = (oh0 + r) * sh + rh - ph
                     dst = (((c * P + f) * KDe + dz) * R + r) * Wr
                     if 0 <= di < D and 0 <= hi < H:
-                        src = (((n * Cin + c0 + c) * D + di) * H + hi) * W + base
                         for q in range(q0):
                             bb[dst + q] = 0
+                        # unsigned indices: no negative-index wrap-around in the hot loop
+                        # (2.7x faster); both are >= 0 here
+                        us = np.uint64((((n * Cin + c0 + c) * D + di) * H + hi) * W + base
+                                       + q0 * sw)
+                        ut = np.uint64(dst + q0)
                         if sw == 1:
-                            for q in range(q0, q1):
-                                v = xb[src + q]
-                                bb[dst + q] = v
+                            for q in range(np.uint64(q1 - q0)):
+                                v = xb[us + q]
+                                bb[ut + q] = v
                                 m = max(m, v & _EXP_BITS)
                         else:
-                            for q in range(q0, q1):
-                                v = xb[src + q * sw]
-                                bb[dst + q] = v
+                            usw = np.uint64(sw)
+                            for q in range(np.uint64(q1 - q0)):
+                                v = xb[us + q * usw]
+                                bb[ut + q] = v
                                 m = max(m, v & _EXP_BITS)
                         for q in range(q1, Wr):
                             bb[dst + q] = 0
@@ -1129,8 +1134,10 @@ def pad_input(x, pd, ph, pw, out):
                     src = x[n, c, d - pd, h - ph]
                     for w in range(pw):
                         row[w] = 0.0
-                    for w in range(W):
-                        row[pw + w] = src[w]
+                    # unsigned indices: no negative-index wrap-around (2x faster)
+                    upw = np.uint64(pw)
+                    for w in range(np.uint64(W)):
+                        row[upw + w] = src[w]
                     for w in range(pw + W, Wp):
                         row[w] = 0.0
 
@@ -1150,7 +1157,8 @@ def pad_split(x, pd, ph, pw, sd, sh, sw, ud, uh, uw, out):
     nh, nw = uh.shape[0], uw.shape[0]
     P = ud.shape[0] * nh * nw
     Dq, Hq, Wq = out.shape[2], out.shape[3], out.shape[4]
-    xb = x.reshape(-1).view(np.uint64)
+    xf = x.reshape(-1)
+    xb = xf.view(np.uint64)
     finite = np.ones(N * C * P, dtype=np.bool_)
     for t in prange(N * C * P):
         f = t % P
@@ -1169,18 +1177,20 @@ def pad_split(x, pd, ph, pw, sd, sh, sw, ud, uh, uw, out):
                     for qw in range(Wq):
                         row[qw] = 0.0
                 else:
-                    src = x[n, c, i, j]
                     sb = (((n * C + c) * D + i) * H + j) * W
                     # qw*sw + rw - pw inside [0, W) exactly for q0 <= qw < q1
                     q0 = min(Wq, max(0, (pw - rw + sw - 1) // sw))
                     q1 = max(q0, min(Wq, (W + pw - rw + sw - 1) // sw))
                     for qw in range(q0):
                         row[qw] = 0.0
-                    base = rw - pw
+                    # unsigned indices (all >= 0 here): no negative-index wrap-around
+                    us = np.uint64(sb + q0 * sw + rw - pw)
+                    uq = np.uint64(q0)
+                    usw = np.uint64(sw)
                     m = np.uint64(0)
-                    for qw in range(q0, q1):
-                        row[qw] = src[qw * sw + base]
-                        m = max(m, xb[sb + qw * sw + base] & _EXP_BITS)
+                    for q in range(np.uint64(q1 - q0)):
+                        row[uq + q] = xf[us + q * usw]
+                        m = max(m, xb[us + q * usw] & _EXP_BITS)
                     finite[t] &= m != _EXP_BITS
                     for qw in range(q1, Wq):
                         row[qw] = 0.0
