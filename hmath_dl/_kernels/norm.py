@@ -52,12 +52,13 @@ def _sum(row, acc):
     lanes = acc.shape[0]
     n = row.shape[0]
     nb = n // lanes
-    for k in range(lanes):
+    ul = np.uint64(lanes)   # unsigned indices: no negative-index wrap-around code
+    for k in range(ul):
         acc[k] = 0.0
-    for b in range(nb):
-        blk = row[b * lanes:(b + 1) * lanes]
-        for k in range(lanes):
-            acc[k] += blk[k]
+    for b in range(np.uint64(nb)):
+        base = b * ul
+        for k in range(ul):
+            acc[k] += row[base + k]
     t = 0.0
     for k in range(lanes):
         t += acc[k]
@@ -72,12 +73,13 @@ def _sumsq(row, m, acc):
     lanes = acc.shape[0]
     n = row.shape[0]
     nb = n // lanes
-    for k in range(lanes):
+    ul = np.uint64(lanes)
+    for k in range(ul):
         acc[k] = 0.0
-    for b in range(nb):
-        blk = row[b * lanes:(b + 1) * lanes]
-        for k in range(lanes):
-            d = blk[k] - m
+    for b in range(np.uint64(nb)):
+        base = b * ul
+        for k in range(ul):
+            d = row[base + k] - m
             acc[k] += d * d
     t = 0.0
     for k in range(lanes):
@@ -262,10 +264,10 @@ def _normalize_row(x, st, n, eps, center, acc, out, status, r):
     row = x[st:st + n]
     orow = out[st:st + n]
     if s == 1.0:
-        for i in range(n):
+        for i in range(np.uint64(n)):
             orow[i] = (row[i] - m) * inv
     else:
-        for i in range(n):
+        for i in range(np.uint64(n)):
             orow[i] = (row[i] * s - m) * inv
 
 
