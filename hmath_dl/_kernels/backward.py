@@ -338,6 +338,12 @@ def im2col(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols):
         j = (t // kw) % kh
         k = t % kw
         row = cols[r]
+        # ow*sw + off inside [0, W) exactly for ow0 <= ow < ow1
+        off = k * dw - pw
+        ow0 = min(OW, max(0, (sw - 1 - off) // sw))
+        ow1 = max(ow0, min(OW, (W - off + sw - 1) // sw))
+        us = np.uint64(ow0 * sw + off)
+        usw = np.uint64(sw)
         for n in range(N):
             for od in range(OD):
                 di = od * sd - pd + i * dd
@@ -349,12 +355,14 @@ def im2col(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols):
                             row[base + ow] = 0.0
                         continue
                     xr = x[n, c, di, hj]
-                    for ow in range(OW):
-                        wk = ow * sw - pw + k * dw
-                        if wk >= 0 and wk < W:
-                            row[base + ow] = xr[wk]
-                        else:
-                            row[base + ow] = 0.0
+                    for ow in range(ow0):
+                        row[base + ow] = 0.0
+                    # unsigned indices: no negative-index wrap-around in the copy
+                    ub = np.uint64(base + ow0)
+                    for q in range(np.uint64(ow1 - ow0)):
+                        row[ub + q] = xr[us + q * usw]
+                    for ow in range(ow1, OW):
+                        row[base + ow] = 0.0
 
 
 @kernel
@@ -378,6 +386,13 @@ def col2im(cols, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, dx)
             for j in range(kh):
                 for k in range(kw):
                     row = cols[c * KK + (i * kh + j) * kw + k]
+                    # the ow with ow*sw + off inside [0, W), in increasing order
+                    off = k * dw - pw
+                    ow0 = min(OW, max(0, (sw - 1 - off) // sw))
+                    ow1 = max(ow0, min(OW, (W - off + sw - 1) // sw))
+                    us = np.uint64(ow0 * sw + off)
+                    usw = np.uint64(sw)
+                    nw = np.uint64(ow1 - ow0)
                     for od in range(OD):
                         di = od * sd - pd + i * dd
                         if di < 0 or di >= D:
@@ -388,10 +403,9 @@ def col2im(cols, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, dx)
                                 continue
                             pr = plane[di, hj]
                             base = n * P + (od * OH + oh) * OW
-                            for ow in range(OW):
-                                wk = ow * sw - pw + k * dw
-                                if wk >= 0 and wk < W:
-                                    pr[wk] += row[base + ow]
+                            ub = np.uint64(base + ow0)
+                            for q in range(nw):
+                                pr[us + q * usw] += row[ub + q]
 
 
 @kernel
