@@ -787,35 +787,40 @@ def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv,
             mo = maxoff[g]
         ok = True
         acc = np.empty(max(CB * _VW, WS))
-        for oh in range(oh0, oh1):
-            if fused:
-                xrow = (oh - oh0) * Wr
-            else:
-                xrow = n * xstride + (od * Hp + oh) * Wp
-            orow = od * OH * OW + oh * OW
-            c = 0
-            while c < OW:
-                cw = min(32, OW - c)
-                V = cw // _VW
-                if V == 0:
-                    cw = OW - c
-                xbase = xrow + c
-                if V == 0 and WS > 0:
-                    # fewer than 8 positions left: one at a time, all channels of the group
-                    obase = (n * Cout + g * Cog) * oplane + orow + c
-                    for i in range(cw):
-                        _cv_chain(src, xbase + i, og, wcv, g * K * WS, WS, K, Cog, acc)
-                        for j in range(Cog):
-                            v = acc[j] + bias[g * Cog + j] if has_bias else acc[j]
-                            of[obase + j * oplane + i] = v
-                            ok &= np.isfinite(v)
-                    c += cw
-                    continue
-                safe = xbase + mo + max(V, 1) * _VW <= src.shape[0]
-                for b in range(nblk):
-                    wbase = ((g * nblk + b) * K) * CB
-                    nb = min(CB, Cog - b * CB)
-                    co0 = g * Cog + b * CB
+        # block by block, then row by row: one block's packed weights stay cached while
+        # the run's rows stream past them (deep channels: all blocks' weights would not
+        # fit in L2)
+        for b in range(nblk):
+            wbase = ((g * nblk + b) * K) * CB
+            nb = min(CB, Cog - b * CB)
+            co0 = g * Cog + b * CB
+            for oh in range(oh0, oh1):
+                if fused:
+                    xrow = (oh - oh0) * Wr
+                else:
+                    xrow = n * xstride + (od * Hp + oh) * Wp
+                orow = od * OH * OW + oh * OW
+                c = 0
+                while c < OW:
+                    cw = min(32, OW - c)
+                    V = cw // _VW
+                    if V == 0:
+                        cw = OW - c
+                    xbase = xrow + c
+                    if V == 0 and WS > 0:
+                        # fewer than 8 positions left: one at a time, all channels of the
+                        # group (with the first block)
+                        if b == 0:
+                            obase = (n * Cout + g * Cog) * oplane + orow + c
+                            for i in range(cw):
+                                _cv_chain(src, xbase + i, og, wcv, g * K * WS, WS, K, Cog, acc)
+                                for j in range(Cog):
+                                    v = acc[j] + bias[g * Cog + j] if has_bias else acc[j]
+                                    of[obase + j * oplane + i] = v
+                                    ok &= np.isfinite(v)
+                        c += cw
+                        continue
+                    safe = xbase + mo + max(V, 1) * _VW <= src.shape[0]
                     obase = (n * Cout + co0) * oplane + orow + c
                     if safe and V > 0 and nb <= 4:
                         if V == 4:
@@ -853,7 +858,7 @@ def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv,
                                 v = a + bias[co0 + j] if has_bias else a
                                 of[obase + j * oplane + i] = v
                                 ok &= np.isfinite(v)
-                c += cw if V == 0 else V * _VW
+                    c += cw if V == 0 else V * _VW
         finite[t] = ok
     return finite.all(), xin.all()
 
@@ -990,55 +995,59 @@ def conv_forward_tiled(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, 
         n = t // nit
         acc = np.empty(CB * VL)
         nbad = 0
-        for tile in range(it * _TILES_PER_ITER, min(ntiles, (it + 1) * _TILES_PER_ITER)):
-            p0 = tile * VL
-            ln = min(VL, total - p0)
-            xbase = n * xstride + p0
-            for g in range(G):
-                nbad += _tile_group(xf, xbase, offs[g], dst[g % nrow], maxoff[g], wpk, g, nblk,
-                                    K, CB, VL, p0, ln, bias, has_bias, Cog, ochan[g], acc, out[n])
+        # block by block, then tile by tile: one block's packed weights stay cached while
+        # the iteration's tiles stream past them (deep channels: all blocks' weights would
+        # not fit in L2)
+        for b in range(nblk):
+            for tile in range(it * _TILES_PER_ITER, min(ntiles, (it + 1) * _TILES_PER_ITER)):
+                p0 = tile * VL
+                ln = min(VL, total - p0)
+                xbase = n * xstride + p0
+                for g in range(G):
+                    nbad += _tile_group(xf, xbase, offs[g], dst[g % nrow], maxoff[g], wpk, g,
+                                        nblk, b, K, CB, VL, p0, ln, bias, has_bias, Cog,
+                                        ochan[g], acc, out[n])
         bad[t] = nbad
     return bad.sum()
 
 
 @helper
-def _tile_group(xf, xbase, og, dg, maxoff, wpk, g, nblk, K, CB, VL, p0, ln, bias, has_bias,
+def _tile_group(xf, xbase, og, dg, maxoff, wpk, g, nblk, b, K, CB, VL, p0, ln, bias, has_bias,
                 Cog, ochan, acc, outn):
-    """One tile (positions ``p0 .. p0+ln-1``) of one term group for every block of CB
+    """One tile (positions ``p0 .. p0+ln-1``) of one term group for block ``b`` of CB
     output channels: micro-kernel (or the scalar chain near the end of ``xf``), then the
     bias and the scatter to ``outn[co, dg[q]]``.  Returns the number of non-finite
     outputs written (``v * 0`` is NaN exactly for NaN/inf ``v``; counted in an integer)."""
     nbad = 0
     safe = xbase + maxoff + VL <= xf.shape[0]
-    for b in range(nblk):
-        wbase = ((g * nblk + b) * K) * CB
-        if safe:
-            if CB == 8:
-                _micro_8x3(xf, xbase, og, wpk, wbase, K, acc)
-            else:
-                _micro_4x6(xf, xbase, og, wpk, wbase, K, acc)
+    wbase = ((g * nblk + b) * K) * CB
+    if safe:
+        if CB == 8:
+            _micro_8x3(xf, xbase, og, wpk, wbase, K, acc)
         else:
-            # only positions that land in the output: a dropped position of a short phase
-            # could read past the end of xf
-            for j in range(CB):
-                for i in range(ln):
-                    a = 0.0
-                    if dg[p0 + i] >= 0:
-                        for kk in range(K):
-                            a = _fma(wpk[wbase + kk * CB + j], xf[xbase + og[kk] + i], a)
-                    acc[j * VL + i] = a
-        nb = min(CB, Cog - b * CB)
-        for j in range(nb):
-            co = ochan + b * CB + j
-            orow = outn[co]
-            src = acc[j * VL:]
-            bv = bias[co] if has_bias else 0.0
+            _micro_4x6(xf, xbase, og, wpk, wbase, K, acc)
+    else:
+        # only positions that land in the output: a dropped position of a short phase
+        # could read past the end of xf
+        for j in range(CB):
             for i in range(ln):
-                q = dg[p0 + i]
-                if q >= 0:
-                    v = src[i] + bv if has_bias else src[i]
-                    orow[q] = v
-                    nbad += v * 0.0 != 0.0
+                a = 0.0
+                if dg[p0 + i] >= 0:
+                    for kk in range(K):
+                        a = _fma(wpk[wbase + kk * CB + j], xf[xbase + og[kk] + i], a)
+                acc[j * VL + i] = a
+    nb = min(CB, Cog - b * CB)
+    for j in range(nb):
+        co = ochan + b * CB + j
+        orow = outn[co]
+        src = acc[j * VL:]
+        bv = bias[co] if has_bias else 0.0
+        for i in range(ln):
+            q = dg[p0 + i]
+            if q >= 0:
+                v = src[i] + bv if has_bias else src[i]
+                orow[q] = v
+                nbad += v * 0.0 != 0.0
     return nbad
 
 
