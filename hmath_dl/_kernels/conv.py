@@ -714,7 +714,8 @@ def _fill_window(xb, shape, n, c0, Cg, od, oh0, nr, pads, strides, ud, uh, uw, K
 @kernel
 def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv, offs, maxoff,
                       bias, has_bias, Cog, rows_per_it, out):
-    """Stride-1 grouped cross-correlation, output row by output row: the same sums as
+    """Grouped cross-correlation computed at stride 1 (on the input or on its stride
+    phases), output row by output row: the same sums as
     :func:`conv_forward_tiled` (terms kk = ci' * KT + tap in order, one fused multiply-add
     each from 0.0, then the bias), but every tile is up to 32 positions of ONE output row,
     so the micro-kernel (:func:`_make_micro_store`, 6 channels -- or 4 for a group's last
@@ -728,20 +729,23 @@ def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv,
 
     Two input modes, the same bits:
 
-    * ``R == 0``: ``x [N, Cin, Dp, Hp, Wp]`` is the zero-padded input (``pads`` zeros) and
-      ``offs [G, K]`` the term offsets in it (channel base of the group included);
-    * ``R > 0`` (padding fused): ``x [N, Cin, D, H, W]`` is the unpadded input, ``pads``
-      its padding; every iteration copies the padded window its rows read (``Cin/G``
-      channels x ``KDe`` depth slices x ``R`` rows, :func:`_fill_window`) into a private
-      buffer, where term kk sits at ``loffs[kk]``.  ``R`` = rows_per_it + dilated kernel
-      height - 1, ``KDe`` = dilated kernel depth.
+    * ``R == 0``: ``x [N, Cin', Dp, Hp, Wp]`` is the zero-padded input or its stride
+      phases laid out by :func:`pad_split` (``pads`` zeros, ``strides`` ones, the
+      residues and ``Wr`` unused) and ``offs [G, K]`` the term offsets in it (channel base
+      of the group included);
+    * ``R > 0`` (fused windows): ``x [N, Cin, D, H, W]`` is the unpadded input, ``pads``
+      its padding, ``strides`` the strides and ``ud``/``uh``/``uw`` the stride residues
+      that are read; every iteration copies the window its rows read (``Cin/G`` channels
+      x the used phases x ``KDe`` depth slices x ``R`` rows of ``Wr`` elements,
+      :func:`_fill_window`) into a private buffer, where term kk sits at ``loffs[kk]``
+      (see :func:`_window_geometry`).
 
     ``wpk`` weights packed ``[G, nblk, K, 6]``, ``maxoff [G]`` the largest of ``offs[g]``,
     ``bias`` of length Cout (zeros when ``has_bias`` is False), ``out [N, Cout, OD, OH,
     OW]``.  Parallel over (batch item, group, output depth, run of ``rows_per_it`` output
     rows).  Returns ``(outputs finite, inputs finite)``: the first checked as the outputs
-    are stored; the second, with fused padding, as the windows are copied (every input
-    element lies in some window), else True."""
+    are stored; the second, with fused windows, over the copied input elements (all of
+    them when :func:`_window_geometry` says the windows cover the input), else True."""
     N, Cin = x.shape[0], x.shape[1]
     Dp, Hp, Wp = x.shape[2], x.shape[3], x.shape[4]
     Cout, OD, OH, OW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
