@@ -114,26 +114,20 @@ def _vfma(typingctx, rs, ys, i, ws):
 
     def codegen(context, builder, signature, args):
         rs_t, ys_t, _, _ = signature.args
-        vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
-        fma = cgutils.get_or_insert_function(
-            builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v%df64" % _VW)
+        fma = _vfma_fn(builder)
         idx = args[2]
 
         def vptr(aty, aval):
             a = context.make_array(aty)(context, builder, aval)
-            return builder.bitcast(builder.gep(a.data, [idx]), vty.as_pointer())
+            return builder.bitcast(builder.gep(a.data, [idx]), _VTY.as_pointer())
 
-        undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-        zero_mask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
-        lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
         xs = [builder.load(vptr(ys_t[t], builder.extract_value(args[1], t)), align=8)
               for t in range(nt)]
         for j in range(nr):
             p = vptr(rs_t[j], builder.extract_value(args[0], j))
             acc = builder.load(p, align=8)
             for t in range(nt):
-                wv = builder.extract_value(args[3], j * nt + t)
-                splat = builder.shuffle_vector(builder.insert_element(undef, wv, lane0), undef, zero_mask)
+                splat = _splat(builder, builder.extract_value(args[3], j * nt + t))
                 acc = builder.call(fma, [splat, xs[t], acc])
             builder.store(acc, p, align=8)
         return context.get_dummy_value()
@@ -303,33 +297,53 @@ def _data(context, builder, aty, aval):
     return context.make_array(aty)(context, builder, aval).data
 
 
+_VTY = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)   # one 512-bit vector of float64
+_I64 = llvm_ir.IntType(64)
+
+
+def _vfma_fn(builder):
+    """The ``llvm.fma`` intrinsic on 8-lane float64 vectors (one rounding per lane)."""
+    return cgutils.get_or_insert_function(
+        builder.module, llvm_ir.FunctionType(_VTY, [_VTY, _VTY, _VTY]), "llvm.fma.v%df64" % _VW)
+
+
+def _splat(builder, x):
+    """The float64 scalar ``x`` broadcast to every lane of a vector."""
+    undef = llvm_ir.Constant(_VTY, llvm_ir.Undefined)
+    lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+    return builder.shuffle_vector(builder.insert_element(undef, x, lane0), undef, zmask)
+
+
+def _vptr(builder, p, k):
+    """``p + k`` (a float64 pointer, constant element offset ``k``) as a vector pointer."""
+    return builder.bitcast(builder.gep(p, [llvm_ir.Constant(_I64, k)]), _VTY.as_pointer())
+
+
+def _zero_slots(builder, n):
+    """``n`` vector accumulators (allocas, promoted to registers), each 0.0."""
+    zero = llvm_ir.Constant(_VTY, [0.0] * _VW)
+    return [cgutils.alloca_once_value(builder, zero) for _ in range(n)]
+
+
 def _emit_chain(context, builder, xd, xb, od, wd, wb, nk, CB, V, WS=None):
     """Emit the micro-kernel loop: for kk in 0 .. nk-1, load V 8-lane vectors of x at
     ``xd + xb + od[kk] + 8v``, broadcast the CB weights ``wd[wb + kk*WS + j]`` (``WS``, the
     packing's block height, defaults to CB) and update ``acc[j][v] = fma(w_j, x_v,
-    acc[j][v])`` (accumulators start at 0.0).  Returns the CB x V final accumulator values.  The accumulators live in allocas that LLVM promotes
-    to registers (24 of them fit the 32 vector registers of AVX-512 next to the loads)."""
-    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
-    i64 = llvm_ir.IntType(64)
-    fma = cgutils.get_or_insert_function(
-        builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v%df64" % _VW)
-    zero = llvm_ir.Constant(vty, [0.0] * _VW)
-    slots = [[cgutils.alloca_once_value(builder, zero) for _ in range(V)] for _ in range(CB)]
-    undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
-    lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+    acc[j][v])`` (accumulators start at 0.0).  Returns the CB x V final accumulator
+    values.  The accumulators live in allocas that LLVM promotes to registers (24 of them
+    fit the 32 vector registers of AVX-512 next to the loads)."""
+    fma = _vfma_fn(builder)
+    slots = [_zero_slots(builder, V) for _ in range(CB)]
     px0 = builder.gep(xd, [xb])
     pw0 = builder.gep(wd, [wb])
     with cgutils.for_range(builder, nk) as loop:
         kk = loop.index
         px = builder.gep(px0, [builder.load(builder.gep(od, [kk]))])
-        xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * _VW)]),
-                                           vty.as_pointer()), align=8)
-              for v in range(V)]
-        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, WS or CB))])
+        xs = [builder.load(_vptr(builder, px, v * _VW), align=8) for v in range(V)]
+        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(_I64, WS or CB))])
         for j in range(CB):
-            wj = builder.load(builder.gep(pw, [llvm_ir.Constant(i64, j)]))
-            sp = builder.shuffle_vector(builder.insert_element(undef, wj, lane0), undef, zmask)
+            sp = _splat(builder, builder.load(builder.gep(pw, [llvm_ir.Constant(_I64, j)])))
             for v in range(V):
                 builder.store(builder.call(fma, [sp, xs[v], builder.load(slots[j][v])]),
                               slots[j][v])
@@ -341,10 +355,7 @@ def _emit_store(context, builder, accs, od, ob, ost, nbv, bd, bb, hb, CB, V):
     (+ bd[bb + j] when hb)`` for ``j < nbv``; returns an i1 that is true iff every stored
     value is finite (the max of the exponent fields, all ones only for NaN/inf, kept as a
     vector and reduced once)."""
-    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
-    i64 = llvm_ir.IntType(64)
-    undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+    i64 = _I64
     lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
     hbit = builder.trunc(hb, llvm_ir.IntType(1)) if hb.type != llvm_ir.IntType(1) else hb
     ity = llvm_ir.VectorType(i64, _VW)
@@ -354,13 +365,11 @@ def _emit_store(context, builder, accs, od, ob, ost, nbv, bd, bb, hb, CB, V):
         jc = llvm_ir.Constant(i64, j)
         with builder.if_then(builder.icmp_signed("<", jc, nbv)):
             row = builder.gep(od, [builder.add(ob, builder.mul(jc, ost))])
-            bj = builder.load(builder.gep(bd, [builder.add(bb, jc)]))
-            bsp = builder.shuffle_vector(builder.insert_element(undef, bj, lane0), undef, zmask)
+            bsp = _splat(builder, builder.load(builder.gep(bd, [builder.add(bb, jc)])))
             m = builder.load(mx)
             for v in range(V):
                 val = builder.select(hbit, builder.fadd(accs[j][v], bsp), accs[j][v])
-                p = builder.gep(row, [llvm_ir.Constant(i64, v * _VW)])
-                builder.store(val, builder.bitcast(p, vty.as_pointer()), align=8)
+                builder.store(val, _vptr(builder, row, v * _VW), align=8)
                 e = builder.and_(builder.bitcast(val, ity), expm)
                 m = builder.select(builder.icmp_unsigned(">", e, m), e, m)
             builder.store(m, mx)
@@ -381,29 +390,19 @@ def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V):
     2V output vectors of 8 consecutive outputs with the two phases interleaved (even
     outputs from phase a, odd ones from phase b)."""
     VW = _VW
-    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), VW)
-    i64 = llvm_ir.IntType(64)
-    fma = cgutils.get_or_insert_function(
-        builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v%df64" % VW)
-    zero = llvm_ir.Constant(vty, [0.0] * VW)
-    slots = [[[cgutils.alloca_once_value(builder, zero) for _ in range(V)] for _ in range(CB)]
-             for _ in range(2)]
-    undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), VW), [0] * VW)
-    lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+    fma = _vfma_fn(builder)
+    slots = [[_zero_slots(builder, V) for _ in range(CB)] for _ in range(2)]
     px0 = builder.gep(xd, [xb])
     pw0 = builder.gep(wd, [wb])
     with cgutils.for_range(builder, nk) as loop:
         kk = loop.index
-        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(i64, 2 * CB))])
+        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(_I64, 2 * CB))])
         for ph, offs in enumerate((oa, ob_)):
             px = builder.gep(px0, [builder.load(builder.gep(offs, [kk]))])
-            xs = [builder.load(builder.bitcast(builder.gep(px, [llvm_ir.Constant(i64, v * VW)]),
-                                               vty.as_pointer()), align=8)
-                  for v in range(V)]
+            xs = [builder.load(_vptr(builder, px, v * VW), align=8) for v in range(V)]
             for j in range(CB):
-                wj = builder.load(builder.gep(pw, [llvm_ir.Constant(i64, ph * CB + j)]))
-                sp = builder.shuffle_vector(builder.insert_element(undef, wj, lane0), undef, zmask)
+                sp = _splat(builder, builder.load(
+                    builder.gep(pw, [llvm_ir.Constant(_I64, ph * CB + j)])))
                 for v in range(V):
                     slot = slots[ph][j][v]
                     builder.store(builder.call(fma, [sp, xs[v], builder.load(slot)]), slot)
@@ -481,16 +480,13 @@ def _make_micro(CB, V):
         def codegen(context, builder, signature, args):
             xft, _, offt, wpkt, _, _, acct = signature.args
             xa, xb, oa, wa, wb, nk, aa = args
-            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
-            i64 = llvm_ir.IntType(64)
             accs = _emit_chain(context, builder, _data(context, builder, xft, xa), xb,
                                _data(context, builder, offt, oa),
                                _data(context, builder, wpkt, wa), wb, nk, CB, V)
             ad = _data(context, builder, acct, aa)
             for j in range(CB):
                 for v in range(V):
-                    p = builder.gep(ad, [llvm_ir.Constant(i64, (j * V + v) * _VW)])
-                    builder.store(accs[j][v], builder.bitcast(p, vty.as_pointer()), align=8)
+                    builder.store(accs[j][v], _vptr(builder, ad, (j * V + v) * _VW), align=8)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -521,8 +517,6 @@ def _make_micro_store(CB, V, WS=None):
         def codegen(context, builder, signature, args):
             xft, _, offt, wpkt, _, _, oft, _, _, _, bt, _, _ = signature.args
             xa, xb, oa, wa, wb, nk, ofa, ob, ost, nbv, ba, bb, hb = args
-            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
-            i64 = llvm_ir.IntType(64)
             accs = _emit_chain(context, builder, _data(context, builder, xft, xa), xb,
                                _data(context, builder, offt, oa),
                                _data(context, builder, wpkt, wa), wb, nk, CB, V, WS)
@@ -563,33 +557,20 @@ def _make_micro_cv(VC):
             od = _data(context, builder, t[2], oa)
             wd = _data(context, builder, t[3], wa)
             ad = _data(context, builder, t[7], aa)
-            vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
-            i64 = llvm_ir.IntType(64)
-            fma = cgutils.get_or_insert_function(
-                builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]),
-                "llvm.fma.v%df64" % _VW)
-            zero = llvm_ir.Constant(vty, [0.0] * _VW)
-            slots = [cgutils.alloca_once_value(builder, zero) for _ in range(VC)]
-            undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-            zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
-            lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+            fma = _vfma_fn(builder)
+            slots = _zero_slots(builder, VC)
             px0 = builder.gep(xd, [xb])
             pw0 = builder.gep(wd, [wb])
             with cgutils.for_range(builder, nk) as loop:
                 kk = loop.index
-                xv = builder.load(builder.gep(px0, [builder.load(builder.gep(od, [kk]))]))
-                sp = builder.shuffle_vector(builder.insert_element(undef, xv, lane0), undef,
-                                            zmask)
+                sp = _splat(builder, builder.load(
+                    builder.gep(px0, [builder.load(builder.gep(od, [kk]))])))
                 pw = builder.gep(pw0, [builder.mul(kk, ws)])
                 for v in range(VC):
-                    wv = builder.load(builder.bitcast(
-                        builder.gep(pw, [llvm_ir.Constant(i64, v * _VW)]), vty.as_pointer()),
-                        align=8)
+                    wv = builder.load(_vptr(builder, pw, v * _VW), align=8)
                     builder.store(builder.call(fma, [wv, sp, builder.load(slots[v])]), slots[v])
             for v in range(VC):
-                p = builder.gep(ad, [llvm_ir.Constant(i64, v * _VW)])
-                builder.store(builder.load(slots[v]), builder.bitcast(p, vty.as_pointer()),
-                              align=8)
+                builder.store(builder.load(slots[v]), _vptr(builder, ad, v * _VW), align=8)
             return context.get_dummy_value()
 
         return sig, codegen
