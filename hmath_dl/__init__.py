@@ -15,35 +15,13 @@ Importing the package compiles nothing; each kernel is compiled (or loaded from 
 on-disk cache) on its first call.
 """
 
-import os as _os
+from . import _threads
 
-# Numba's OpenMP threading layer spins idle workers by default; on a busy machine (or with
-# BLAS threads beside it) that makes every parallel launch cost milliseconds.  Sleeping
-# workers cost microseconds per launch instead.  Only a default: the user's setting wins,
-# and it matters only if set before the OpenMP runtime is loaded (our first parallel call).
-def _openmp_already_loaded():
-    """True when an OpenMP runtime (GNU libgomp) is already mapped into this process --
-    e.g. torch was imported first.  Numba's OpenMP pool then shares that runtime (same
-    soname), whose wait policy was fixed when it loaded.  Linux only (/proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as fh:
-            return any("libgomp" in line for line in fh)
-    except OSError:
-        return False
+# Make Numba's fork-safe, thread-safe TBB layer loadable before the first parallel launch
+# (see hmath_dl._threads).  Nothing is written into os.environ or numba.config.
+_threads.preload_tbb()
 
-
-if "OMP_WAIT_POLICY" not in _os.environ and _openmp_already_loaded():
-    import warnings as _warnings
-    _warnings.warn(
-        "hmath_dl: an OpenMP runtime was loaded before hmath_dl (e.g. torch was imported "
-        "first) and OMP_WAIT_POLICY is unset, so Numba's worker threads will busy-wait "
-        "between kernels; on machines with few cores this can slow small kernels "
-        "several-fold (a small CNN training step: 6 -> 16 ms on 2 cores). Import hmath_dl "
-        "first, or set OMP_WAIT_POLICY=PASSIVE in the environment before starting Python.",
-        RuntimeWarning, stacklevel=2)
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from . import errors, rng  # noqa: E402
+from . import errors, rng
 from .errors import (
     CapacityError,
     DomainError,

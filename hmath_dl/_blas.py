@@ -19,7 +19,6 @@ Where it is unavailable (another BLAS, another platform) :func:`matmul` is plain
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
 
@@ -28,7 +27,7 @@ __all__ = ["matmul", "SMALL_WORK"]
 #: Products with fewer multiply-adds than this (per matrix of a stack) run on one thread
 #: (2**25 multiply-adds: ~1 ms single-threaded on the reference VM).  The environment
 #: variable ``HMATH_DL_BLAS_SMALL_WORK`` (read at import) overrides it; 0 disables the switch.
-SMALL_WORK = int(os.environ.get("HMATH_DL_BLAS_SMALL_WORK", "") or (1 << 25))
+from .config import BLAS_SMALL_WORK as SMALL_WORK  # noqa: E402
 
 _state = {"loaded": False, "set_local": None}
 

@@ -9,7 +9,6 @@ The helpers never copy more than needed: a C-contiguous float64 input is returne
 from __future__ import annotations
 
 import operator
-import os
 from typing import Iterable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from .errors import DomainError, NonFiniteError, ShapeError
 
 # Outputs larger than this many bytes are refused before allocation (ShapeError).
-MAX_ALLOC_BYTES = int(os.environ.get("HMATH_DL_MAX_ALLOC_BYTES", str(1 << 34)))
+from .config import MAX_ALLOC_BYTES  # noqa: E402  (HMATH_DL_MAX_ALLOC_BYTES)
 _KERNEL_FINITE_THRESHOLD = 1 << 16
 
 

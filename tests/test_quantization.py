@@ -600,9 +600,16 @@ def test_deterministic_across_thread_counts():
 
 
 def test_kernel_selection_overrides(monkeypatch):
-    monkeypatch.setenv("HMATH_DL_INT8_KERNEL", "portable")
+    from hmath_dl import config as hconfig
+    from hmath_dl._kernels import _cpu
+    monkeypatch.setattr(hconfig, "INT8_KERNEL", "portable")
     assert qmod._want_vnni() is False
-    monkeypatch.delenv("HMATH_DL_INT8_KERNEL")
+    monkeypatch.setattr(hconfig, "INT8_KERNEL", "")
+    monkeypatch.setattr(hconfig, "KERNELS", "portable")
+    assert qmod._want_vnni() is False
+    monkeypatch.setattr(hconfig, "KERNELS", "")
     from numba.core import config
     monkeypatch.setattr(config, "CPU_NAME", "generic", raising=False)
-    assert qmod._want_vnni() is False
+    monkeypatch.setattr(config, "CPU_FEATURES", None, raising=False)
+    assert _cpu._read(False).avx512_vnni is False
+    assert _cpu._read(False).tiled is False

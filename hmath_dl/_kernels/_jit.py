@@ -11,15 +11,24 @@ import time: there are no eager signatures, so ``import hmath_dl`` stays fast.
 * ``error_model="numpy"``: a division by zero gives inf/NaN (which the kernels report as a
   status) instead of raising inside compiled code.
 * never ``fastmath``: it reorders sums and drops NaN checks.
+
+A parallel kernel is a :class:`Kernel`: the ``parallel=True`` compilation plus its serial
+twin (the same Python function compiled without ``parallel``, built on first use).  In a
+child forked from a process whose threading layer is not fork-safe (see
+:mod:`hmath_dl._threads`) every call runs the twin, so forked workers never touch the
+parent's thread pool.  Both compilations sum in the same fixed order, so they give the
+same bits.
 """
 
-import os
+import types
 
 from numba import njit
 
-__all__ = ["kernel", "helper", "CACHE_ENABLED"]
+from .. import _threads
 
-CACHE_ENABLED = os.environ.get("HMATH_DL_NO_CACHE", "") in ("", "0")
+__all__ = ["kernel", "helper", "Kernel", "CACHE_ENABLED"]
+
+from ..config import CACHE_ENABLED  # noqa: E402  (HMATH_DL_NO_CACHE)
 
 
 def _jit(fn, parallel):
@@ -34,9 +43,52 @@ def _jit(fn, parallel):
     return njit(cache=False, **options)(fn)
 
 
+class Kernel:
+    """A parallel kernel and its serial twin.
+
+    Calling it runs the ``parallel=True`` compilation, except in a child of an unsafe
+    fork, where it runs :attr:`serial`.  ``py_func`` is the Python function."""
+
+    __slots__ = ("parallel", "py_func", "_serial", "__name__", "__qualname__",
+                 "__wrapped__", "__dict__")
+
+    def __init__(self, fn):
+        self.py_func = fn
+        self.parallel = _jit(fn, parallel=True)
+        self._serial = None
+        self.__name__ = fn.__name__
+        self.__qualname__ = fn.__qualname__
+        self.__doc__ = fn.__doc__
+        self.__module__ = fn.__module__
+        self.__wrapped__ = fn
+
+    @property
+    def serial(self):
+        """The serial compilation of the same function, under the name ``<name>_serial``
+        (its own on-disk cache entry), built on first use."""
+        if self._serial is None:
+            f = self.py_func
+            name = f.__name__ + "_serial"
+            g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__,
+                                   f.__closure__)
+            g.__qualname__ = name
+            g.__doc__ = f.__doc__
+            g.__module__ = f.__module__
+            self._serial = _jit(g, parallel=False)
+        return self._serial
+
+    def __call__(self, *args):
+        if _threads._SERIAL_ONLY:
+            return self.serial(*args)
+        return self.parallel(*args)
+
+    def __repr__(self):
+        return f"<hmath_dl kernel {self.__module__}.{self.__name__}>"
+
+
 def kernel(fn):
-    """Decorate a parallel kernel (uses ``numba.prange``)."""
-    return _jit(fn, parallel=True)
+    """Decorate a parallel kernel (uses ``numba.prange``): returns a :class:`Kernel`."""
+    return Kernel(fn)
 
 
 def helper(fn):

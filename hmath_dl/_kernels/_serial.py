@@ -12,25 +12,14 @@ under its own name (``<name>_serial``) so that the two compilations have separat
 on-disk cache entries.
 """
 
-import os
-import types
-
-from ._jit import helper
-
 __all__ = ["serial_twin", "SERIAL_WORK"]
 
 #: Calls touching fewer elements than this run the serial twin (~0.1 ms of work).  The
 #: environment variable ``HMATH_DL_SERIAL_WORK`` (read at import) overrides it; 0 makes
 #: every call parallel (the tests compare both paths).
-SERIAL_WORK = int(os.environ.get("HMATH_DL_SERIAL_WORK", "") or (1 << 17))
+from ..config import SERIAL_WORK  # noqa: E402
 
 
-def serial_twin(dispatcher):
-    """A serial (``helper``) compilation of the parallel kernel ``dispatcher``."""
-    f = dispatcher.py_func
-    name = f.__name__ + "_serial"
-    g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
-    g.__qualname__ = name
-    g.__doc__ = f.__doc__
-    g.__module__ = f.__module__
-    return helper(g)
+def serial_twin(k):
+    """The serial compilation of the parallel kernel ``k`` (a :class:`~._jit.Kernel`)."""
+    return k.serial

@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from ._jit import helper
+from numba import prange
+
+from ._jit import helper, kernel
 
 _CHUNK = 4096
 
@@ -33,3 +35,11 @@ def all_finite(flat):
         if m == _EXP:
             return False
     return True
+
+
+@kernel
+def thread_probe(out):
+    """Write each index into ``out`` from a ``prange``: the smallest parallel kernel, run
+    by ``python -m hmath_dl.info`` (and the fork tests) to start Numba's threading layer."""
+    for i in prange(out.shape[0]):
+        out[i] = i

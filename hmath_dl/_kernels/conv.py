@@ -1375,13 +1375,8 @@ def tiled_kernels_enabled():
     would split every vector in two and spill; there the generic kernel (same bits) runs
     instead.  Follows numba's target: ``NUMBA_CPU_FEATURES`` / ``NUMBA_CPU_NAME`` when set,
     else the host CPU."""
-    from numba.core import config
-    if config.CPU_FEATURES is not None:
-        return "+avx512f" in config.CPU_FEATURES.split(",")
-    if config.CPU_NAME is not None:
-        return False
-    import llvmlite.binding as llb
-    return bool(llb.get_host_cpu_features().get("avx512f", False))
+    from ._cpu import machine
+    return machine().avx512
 
 
 _FUSE_WINDOW = 1 << 17    # largest row window (float64 elements) copied per iteration

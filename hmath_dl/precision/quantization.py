@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
@@ -363,21 +362,14 @@ def quantization_zero_points(q) -> np.ndarray:
 
 # --------------------------------------------------------------------------- int8 GEMM
 def _want_vnni() -> bool:
-    """Use the AVX-512 VNNI kernel?  Only on a host CPU that has the instructions, when
-    numba compiles for the host (no NUMBA_CPU_NAME / NUMBA_CPU_FEATURES override), and
-    unless ``HMATH_DL_INT8_KERNEL=portable``."""
-    if os.environ.get("HMATH_DL_INT8_KERNEL", "").lower() == "portable":
+    """Use the AVX-512 VNNI kernel?  When the machine policy says numba's target has
+    AVX-512 VNNI (and neither ``HMATH_DL_KERNELS`` nor ``HMATH_DL_INT8_KERNEL`` is
+    ``portable``)."""
+    from .. import config
+    from .._kernels._cpu import machine
+    if config.INT8_KERNEL == "portable":
         return False
-    try:
-        from numba.core import config
-        if getattr(config, "CPU_NAME", None) or getattr(config, "CPU_FEATURES", None):
-            return False
-        import llvmlite.binding as llvm
-        feats = llvm.get_host_cpu_features()
-        return all(bool(feats.get(f, False))
-                   for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
-    except Exception:  # pragma: no cover - be conservative
-        return False
+    return machine().avx512_vnni
 
 
 _USE_VNNI = _want_vnni()

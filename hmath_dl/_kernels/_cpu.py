@@ -1,0 +1,193 @@
+"""The machine policy: the one place that knows which CPU the kernels are compiled for.
+
+Numba compiles for its *target*: the CPU named by ``NUMBA_CPU_NAME`` (with the features of
+``NUMBA_CPU_FEATURES`` when that is set too), else the host.  :func:`machine` reads that
+target once and describes it -- vector width, number of vector registers, FMA, AVX-512
+VNNI/BF16 -- and every CPU-specific choice in the package asks it (the convolution
+micro-kernels, the int8 GEMM, the reduced-precision GEMM); no other module detects
+anything.
+
+``HMATH_DL_KERNELS=portable`` (read once, with the rest of the configuration) forces the
+portable kernels everywhere: same bits, plainer code -- for tests and bug reports.
+
+The description errs on the side of the portable path: a CPU name this module does not
+know is described by its architecture's baseline (x86-64: SSE2, 2 float64 lanes, 16
+registers, no FMA), so no instruction the target may lack is ever emitted.  Every path
+computes the same terms in the same order, so the choice changes speed, never bits.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = ["Machine", "machine", "describe"]
+
+# x86 CPU names (LLVM's) by micro-architecture level; a name not listed is taken as
+# baseline x86-64.  v3 = AVX2 + FMA + F16C + BMI, v4 = v3 + AVX-512 F/BW/CD/DQ/VL.
+_V3 = {"haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake",
+       "arrowlake", "arrowlake-s", "lunarlake", "gracemont", "znver1", "znver2", "znver3",
+       "x86-64-v3", "bdver4"}
+_V4 = {"skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+       "icelake-server", "rocketlake", "tigerlake", "sapphirerapids", "emeraldrapids",
+       "graniterapids", "graniterapids-d", "diamondrapids", "znver4", "znver5",
+       "x86-64-v4", "knl", "knm"}
+_V4_VNNI = {"cascadelake", "cooperlake", "icelake-client", "icelake-server", "rocketlake",
+            "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids",
+            "graniterapids-d", "diamondrapids", "znver4", "znver5"}
+_V4_BF16 = {"cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids",
+            "graniterapids-d", "diamondrapids", "znver4", "znver5"}
+_V3_FEATURES = ("avx", "avx2", "fma", "f16c")
+_V4_FEATURES = _V3_FEATURES + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the kernels may assume about the CPU they are compiled for.
+
+    ``vector_bits`` / ``f64_lanes`` / ``vector_registers`` describe the widest vector
+    registers the micro-kernels use (512/8/32 with AVX-512, 256/4/16 with AVX2, 128/2/16
+    for baseline x86-64 and aarch64 NEON); ``tiled`` says whether register-tiled float64
+    micro-kernels are emitted at all (it needs FMA and at least 4 lanes)."""
+
+    arch: str
+    cpu: str
+    source: str
+    features: frozenset
+    portable: bool
+
+    def has(self, *names: str) -> bool:
+        """Whether the target has every LLVM feature in ``names``."""
+        return all(n in self.features for n in names)
+
+    # --- what the target has (descriptive; ``portable`` does not change these) ---------
+    @property
+    def fma(self) -> bool:
+        return self.has("fma") or self.arch == "aarch64"
+
+    @property
+    def vector_bits(self) -> int:
+        if self.has("avx512f"):
+            return 512
+        if self.has("avx"):
+            return 256
+        return 128
+
+    @property
+    def f64_lanes(self) -> int:
+        return self.vector_bits // 64
+
+    @property
+    def vector_registers(self) -> int:
+        return 32 if self.has("avx512f") or self.arch == "aarch64" else 16
+
+    # --- what the kernels use (``portable`` turns every special path off) ----------------
+    @property
+    def isa(self) -> str:
+        """The micro-kernel family the kernels use: ``avx512``, ``avx2`` or ``portable``."""
+        if self.portable or self.arch != "x86_64":
+            return "portable"
+        if self.has("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"):
+            return "avx512"
+        if self.has("avx2", "fma"):
+            return "avx2"
+        return "portable"
+
+    @property
+    def avx512(self) -> bool:
+        """The AVX-512 micro-kernels run."""
+        return self.isa == "avx512"
+
+    @property
+    def avx2(self) -> bool:
+        """The AVX2 (or wider) micro-kernels run."""
+        return self.isa in ("avx2", "avx512")
+
+    @property
+    def avx512_vnni(self) -> bool:
+        """The AVX-512 VNNI int8 kernel runs."""
+        return self.avx512 and self.has("avx512vnni")
+
+    @property
+    def avx512_bf16(self) -> bool:
+        return self.avx512 and self.has("avx512bf16")
+
+    @property
+    def tiled(self) -> bool:
+        """Whether register-tiled float64 micro-kernels run (elsewhere the generic kernels,
+        same bits)."""
+        return self.isa != "portable"
+
+    def summary(self) -> str:
+        extra = [n for n in ("avx512_vnni", "avx512_bf16") if getattr(self, n)]
+        forced = ", forced by HMATH_DL_KERNELS" if self.portable else ""
+        s = (f"{self.isa} (target {self.cpu} from {self.source}{forced}; {self.f64_lanes} "
+             f"float64 lanes, {self.vector_registers} vector registers, "
+             f"fma={'yes' if self.fma else 'no'}")
+        return s + "".join(", " + e for e in extra) + ")"
+
+
+def _parse_features(text: str):
+    return frozenset(f[1:] for f in text.split(",") if f.startswith("+"))
+
+
+def _level_features(cpu: str):
+    if cpu in _V4:
+        f = set(_V4_FEATURES)
+        if cpu in _V4_VNNI:
+            f.add("avx512vnni")
+        if cpu in _V4_BF16:
+            f.add("avx512bf16")
+        return frozenset(f)
+    if cpu in _V3:
+        return frozenset(_V3_FEATURES)
+    return frozenset()
+
+
+def _arch() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def _read(portable: bool) -> Machine:
+    from numba.core import config
+    arch = _arch()
+    cpu_name = getattr(config, "CPU_NAME", None)
+    cpu_features = getattr(config, "CPU_FEATURES", None)
+    if cpu_features:
+        feats = _parse_features(cpu_features)
+        src = "NUMBA_CPU_FEATURES"
+        cpu = cpu_name or "host"
+    elif cpu_name:
+        cpu = cpu_name
+        src = "NUMBA_CPU_NAME"
+        if cpu == "host":
+            import llvmlite.binding as llb
+            feats = frozenset(k for k, v in llb.get_host_cpu_features().items() if v)
+        else:
+            feats = _level_features(cpu)
+    else:
+        import llvmlite.binding as llb
+        cpu = llb.get_host_cpu_name()
+        src = "host"
+        feats = frozenset(k for k, v in llb.get_host_cpu_features().items() if v)
+    return Machine(arch=arch, cpu=cpu, source=src, features=feats, portable=portable)
+
+
+@lru_cache(maxsize=None)
+def _machine(portable: bool) -> Machine:
+    return _read(portable)
+
+
+def machine() -> Machine:
+    """The target description (read once per process; ``HMATH_DL_KERNELS=portable``
+    forces the portable kernels)."""
+    from ..config import KERNELS
+    return _machine(KERNELS == "portable")
+
+
+def describe() -> str:
+    """One line for bug reports (``python -m hmath_dl.info``)."""
+    return machine().summary()

@@ -1,0 +1,54 @@
+"""``python -m hmath_dl.info``: one line for bug reports.
+
+Prints the version, Numba's threading layer (after starting it with one tiny parallel
+kernel), the machine policy the kernels follow and where compiled kernels are cached::
+
+    hmath_dl 0.1.0 | numba 0.68.1 | threading tbb, 2 threads | kernels avx512 (...) | cache ...
+
+``--config`` adds a second line with every ``HMATH_DL_*`` variable in force
+(:mod:`hmath_dl.config`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["info_line", "main"]
+
+
+def _cache_dir() -> str:
+    from . import config
+    from ._kernels import checks
+    if not config.CACHE_ENABLED:
+        return "off (HMATH_DL_NO_CACHE)"
+    disp = checks.thread_probe.parallel
+    cache = getattr(disp, "_cache", None)
+    path = getattr(cache, "_cache_path", None)
+    return path or "off (no writable location)"
+
+
+def info_line() -> str:
+    """The one-line description (starts Numba's threading layer if it has not started)."""
+    import numba
+    import numpy as np
+
+    from . import __version__, _threads
+    from ._kernels import _cpu, checks
+
+    checks.thread_probe(np.empty(4 * max(1, numba.get_num_threads()), dtype=np.int64))
+    return (f"hmath_dl {__version__} | numba {numba.__version__} | threading "
+            f"{_threads.threading_layer()}, {numba.get_num_threads()} threads | kernels "
+            f"{_cpu.describe()} | cache {_cache_dir()}")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    print(info_line())
+    if "--config" in argv:
+        from . import config
+        print(config.describe())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
