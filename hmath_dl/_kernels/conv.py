@@ -49,6 +49,7 @@ terms in the fixed order above, so the bits never depend on the thread count.  N
 is used.
 """
 
+import contextlib
 import functools
 import math
 
@@ -59,6 +60,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from . import _cpu
 from ._jit import helper, kernel
 
 _CB = 4      # output channels computed together (one x load feeds _CB accumulators)
@@ -86,7 +88,23 @@ def _fma(typingctx, a, b, c):
     return sig, codegen
 
 
-_VW = 8  # lanes of the explicit vector FMA below
+# --------------------------------------------------------------------------- tile shapes
+# Everything ISA-specific in this module is here, read from the machine policy (the
+# TARGET numba compiles for -- never the HMATH_DL_KERNELS override, which only switches
+# paths at call time, so every compiled kernel matches its on-disk cache key).  One
+# generator of micro-kernels, two tile sets (BLIS-style: only register-block sizes differ):
+#   AVX-512 (32 zmm, 8 lanes): row tiles 6 ch x 4 vectors, wide 8 x 3 / 4 x 6, pair 6 x 2 x 2
+#   AVX2    (16 ymm, 4 lanes): row tiles 6 ch x 2 vectors, wide 4 x 3,       pair 6 x 2 x 1
+# i.e. 24 or 12 accumulators plus the loads and a broadcast.  Every tile computes the same
+# chains in the same order, so the bits do not depend on the tile set.
+_TARGET = _cpu.machine()
+_WIDE512 = _TARGET.has("avx512f")
+_VW = 8 if _WIDE512 else 4   # float64 lanes of one vector of the explicit vector code
+_ROW_MAXV = 4 if _WIDE512 else 2     # vectors per row tile (x 6 channels)
+_PAIR_MAXV = 2 if _WIDE512 else 1    # vectors per phase of the two-phase tile
+_WIDE_CB8 = _WIDE512                 # 8-channel wide tiles (else 4 channels only)
+_WIDE_V8 = 3                         # vectors per 8-channel wide tile
+_WIDE_V4 = 6 if _WIDE512 else 3      # vectors per 4-channel wide tile
 
 
 @intrinsic
@@ -606,9 +624,10 @@ def _cv_chain(xf, xbase, offs, wcv, wbase, WS, K, nc, acc):
             c += _VW
 
 
-_micro_8x3 = _make_micro(8, 3)     # 8 output channels x 24 positions
-_micro_4x6 = _make_micro(4, 6)     # 4 output channels x 48 positions
-_TILE_POS = 24                     # positions per tile when CB == 8 (48 when CB == 4)
+_micro_wide8 = _make_micro(8, _WIDE_V8)   # 8 output channels x 24 positions (AVX-512)
+_micro_wide4 = _make_micro(4, _WIDE_V4)   # 4 output channels x 48 (AVX-512) / 12 (AVX2)
+_WIDE_VL8 = _WIDE_V8 * _VW                # positions per wide tile, 8 channels
+_WIDE_VL4 = _WIDE_V4 * _VW                # positions per wide tile, 4 channels
 _TILES_PER_ITER = 8                # tiles per prange iteration
 
 
@@ -787,7 +806,7 @@ def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv,
                 orow = od * OH * OW + oh * OW
                 c = 0
                 while c < OW:
-                    cw = min(32, OW - c)
+                    cw = min(_ROW_MAXV * _VW, OW - c)
                     V = cw // _VW
                     if V == 0:
                         cw = OW - c
@@ -900,7 +919,7 @@ def conv_transpose_rows(xf, xstride, wpk, wcv, offs, maxoff, ph_a, ph_b, row_h, 
             xrow = n * xstride + row_x[r]
             c = 0
             while c < OW:
-                V = min(2, (OW - c) // _PAIR_VL)
+                V = min(_PAIR_MAXV, (OW - c) // _PAIR_VL)
                 ln = V * _PAIR_VL if V > 0 else OW - c
                 xbase = xrow + c // 2
                 if V == 0:
@@ -971,7 +990,7 @@ def conv_forward_tiled(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, 
     total = dst.shape[1]
     nrow = dst.shape[0]
     nblk = (Cog + CB - 1) // CB
-    VL = _TILE_POS if CB == 8 else 2 * _TILE_POS
+    VL = _WIDE_VL8 if CB == 8 else _WIDE_VL4
     ntiles = (total + VL - 1) // VL
     nit = (ntiles + _TILES_PER_ITER - 1) // _TILES_PER_ITER
     bad = np.zeros(N * nit, dtype=np.int64)
@@ -1008,9 +1027,9 @@ def _tile_group(xf, xbase, og, dg, maxoff, wpk, g, nblk, b, K, CB, VL, p0, ln, b
     wbase = ((g * nblk + b) * K) * CB
     if safe:
         if CB == 8:
-            _micro_8x3(xf, xbase, og, wpk, wbase, K, acc)
+            _micro_wide8(xf, xbase, og, wpk, wbase, K, acc)
         else:
-            _micro_4x6(xf, xbase, og, wpk, wbase, K, acc)
+            _micro_wide4(xf, xbase, og, wpk, wbase, K, acc)
     else:
         # only positions that land in the output: a dropped position of a short phase
         # could read past the end of xf
@@ -1092,8 +1111,9 @@ def _geometry(offs, ochan, dst):
 
 
 def _tile_cb(Cog):
-    """Output channels per block of :func:`conv_forward_tiled` (8, or 4 for Cog <= 4)."""
-    return 8 if Cog > 4 else 4
+    """Output channels per block of :func:`conv_forward_tiled`: 8 (AVX-512, Cog > 4) or
+    4."""
+    return 8 if _WIDE_CB8 and Cog > 4 else 4
 
 
 def _launch_tiled(xp, wpk, Cog, geo, bias, has_bias, out5, fmas):
@@ -1370,13 +1390,11 @@ def _pad3(t, fill):
 
 @functools.lru_cache(maxsize=None)
 def tiled_kernels_enabled():
-    """Whether the register-tiled kernels are used: they keep 24 accumulators of 8 lanes
-    in registers, which needs AVX-512's 32 vector registers of 512 bits.  Elsewhere LLVM
-    would split every vector in two and spill; there the generic kernel (same bits) runs
-    instead.  Follows numba's target: ``NUMBA_CPU_FEATURES`` / ``NUMBA_CPU_NAME`` when set,
-    else the host CPU."""
-    from ._cpu import machine
-    return machine().avx512
+    """Whether the register-tiled kernels are used: the machine policy's ``tiled`` (x86
+    with FMA and AVX2 or AVX-512, and no ``HMATH_DL_KERNELS=portable``).  Their tiles keep
+    24 (AVX-512) or 12 (AVX2) vector accumulators in registers; elsewhere the generic
+    kernel (same bits) runs."""
+    return _cpu.machine().tiled
 
 
 _FUSE_WINDOW = 1 << 17    # largest row window (float64 elements) copied per iteration
@@ -1389,18 +1407,76 @@ for _a in (_ONES3, _ZEROS1, _ZEROS3, _NO_OFFS):
     _a.flags.writeable = False
 
 
+#: Forward paths, fastest first where they apply (see :func:`forward_path`).
+FORWARD_PATHS = ("rows_fused", "rows", "wide", "generic")
+_forced = {"forward": None}
+
+
+@contextlib.contextmanager
+def forced_path(name):
+    """Within the block, forward convolutions take path ``name`` (one of
+    :data:`FORWARD_PATHS`) wherever it applies, and the generic kernel elsewhere; for the
+    tests that hold every path to the same bits and for A/B benchmarks.  ``None``
+    restores the plan."""
+    if name is not None and name not in FORWARD_PATHS:
+        raise ValueError(f"unknown forward path {name!r} (expected one of {FORWARD_PATHS})")
+    old = _forced["forward"]
+    _forced["forward"] = name
+    try:
+        yield
+    finally:
+        _forced["forward"] = old
+
+
+def _applicable_forward(Cog, OW, tiled):
+    """Forward paths whose kernels can compute this shape (the window size of
+    ``rows_fused`` is checked at launch)."""
+    out = []
+    if tiled and Cog >= _ROW_CB and OW > 0:
+        out += ["rows_fused", "rows"]
+    if tiled and Cog >= 4:
+        out.append("wide")
+    return out + ["generic"]
+
+
+def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None):
+    """The plan: which forward kernel a convolution with ``Cog`` output / ``Cg`` input
+    channels per group, kernel extent ``K3``, output rows of ``OW`` positions runs (every
+    path gives the same bits; the choice is speed only, tuned per tile set):
+
+    * ``rows_fused`` (:func:`conv_forward_rows` copying its own padded/strided input
+      windows; ``rows`` on a padded copy when the windows are too large): at least 6
+      output channels per group and output rows of whole vectors or >= 16 positions;
+    * ``wide`` (:func:`conv_forward_tiled`): other shapes with >= 4 channels per group
+      (AVX-512), or >= 6 (AVX2: with 4 channels the 12-position tiles cost more in
+      scatter than they save);
+    * ``generic`` (:func:`conv_forward`): everything else, and every shape without
+      register-tiled kernels.
+    """
+    if tiled is None:
+        tiled = tiled_kernels_enabled()
+    ok = _applicable_forward(Cog, OW, tiled)
+    forced = _forced["forward"]
+    if forced is not None:
+        return forced if forced in ok else "generic"
+    if not tiled:
+        return "generic"
+    if Cog >= _ROW_CB and (OW >= 16 or (OW > 0 and OW % _VW == 0)):
+        # the fused windows are a packed copy of what the tiles read: faster even without
+        # padding or strides (1x1 256->64 @56: 1.6x on AVX2), unless they do not fit
+        return "rows_fused"
+    if Cog >= (4 if _WIDE512 else _ROW_CB):
+        return "wide"
+    return "generic"
+
+
 def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     """Run the forward convolution of the rank-5 input ``x5`` (zero padding ``pads``,
-    strides ``s``, dilations ``d``) into ``out5`` with the fastest kernel that applies;
-    all sum the same terms in the same order (same bits):
-
-    * :func:`conv_forward_rows` copying its own input windows (padding and stride phases
-      applied as it copies) -- at least 6 output channels per group and rows of whole
-      vectors or at least 16 wide, windows of at most ``_FUSE_WINDOW`` elements;
-    * else, with at least 4 output channels per group, :func:`conv_forward_rows` or
-      :func:`conv_forward_tiled` on a padded copy (stride 1) or on the stride phases laid
-      out by :func:`pad_split`;
-    * else (or without AVX-512) the generic :func:`conv_forward` on a padded copy.
+    strides ``s``, dilations ``d``) into ``out5`` with the kernel :func:`forward_path`
+    chooses; all sum the same terms in the same order (same bits).  ``rows_fused`` falls
+    back to ``rows`` on a padded copy or the stride phases (:func:`pad_split`) when its
+    windows would exceed ``_FUSE_WINDOW`` elements; ``rows`` and ``wide`` run at stride 1
+    on a padded copy or on the stride phases.
 
     Returns ``(finite, x_finite)``: whether every output is finite when the kernel checked
     it (the tiled paths), else None; whether every element of ``x5`` is finite when a
@@ -1409,12 +1485,12 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     Cog = Cout // groups
     fmas = out5.size * (w5.size // Cout)
     S, K3 = x5.shape[2:], w5.shape[2:]
-    tiled = Cog >= 4 and tiled_kernels_enabled()
     OD, OH, OW = out5.shape[2:]
-    rows = tiled and Cog >= _ROW_CB and (OW >= 2 * _VW or (OW > 0 and OW % _VW == 0))
+    strided_or_padded = bool(any(pads) or s != (1, 1, 1))
+    path = forward_path(Cog, Cg, K3, OW, strided_or_padded)
     rpi = _rows_per_iteration(out5.shape[0] * groups * OD, OH, OW)
     bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
-    if rows and (any(pads) or s != (1, 1, 1)):
+    if path == "rows_fused":
         R, KDe, Wr, used, loffs, offs, maxoff, covers = _window_geometry(
             S, K3, s, d, pads, out5.shape[2:], groups, Cg, rpi)
         if Cg * len(used[0]) * len(used[1]) * len(used[2]) * KDe * R * Wr <= _FUSE_WINDOW:
@@ -1424,7 +1500,8 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
                 _cv_weights(w5.reshape(Cout, -1), groups, OW), offs, maxoff, bvec, has_bias,
                 Cog, rpi, out5)
             return bool(ok), (bool(x_ok) if covers else None)
-    if not tiled:
+        path = "rows"
+    if path == "generic":
         _sized(conv_forward, conv_forward_serial, fmas, _SERIAL_FMA)(
             _padded(x5, pads), w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return None, None
@@ -1443,9 +1520,8 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     else:
         xp = _padded(x5, pads)
     geo = _forward_geometry(xp.shape[2:], K3, d, groups, Cg, Cog, out5.shape[2:], s)
-    if rows:
-        # rows of whole 8-position vectors, or long ones: row tiles stored straight into
-        # the output (short ragged rows do better in the wide layout)
+    if path == "rows":
+        # row tiles stored straight into the output
         ok, _ = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
             xp, _ZEROS3, _ONES3, _ZEROS1, _ZEROS1, _ZEROS1, 0, 1, xp.shape[4], _NO_OFFS,
             _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),

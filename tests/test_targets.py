@@ -1,0 +1,114 @@
+"""Same bits on every target (issue 14): the convolution paths compiled for the host, for
+AVX2 (``NUMBA_CPU_NAME=haswell``, where the host can run it), for baseline x86-64
+(``NUMBA_CPU_NAME=generic``) and with the portable kernels forced
+(``HMATH_DL_KERNELS=portable``) give identical bytes, every path forced in turn.
+
+Each target runs in its own interpreter (numba's target is fixed per process); the
+digest covers every forward path on every shape where it applies, transposed
+convolutions (row-pair and wide paths) and 1-D/3-D inputs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers import ROOT
+
+_SCRIPT = textwrap.dedent("""
+    import hashlib
+    import numpy as np
+    from hmath_dl import layers as L
+    from hmath_dl._kernels import _cpu, conv as K
+
+    g = np.random.default_rng(0)
+    fwd = []
+    for (N, C, H, W, Co, k, s, p, d, gr) in [
+            (2, 8, 17, 19, 12, 3, 1, 1, 1, 1), (2, 8, 16, 16, 8, 3, 1, 1, 1, 1),
+            (1, 4, 9, 33, 6, 3, 2, 1, 1, 1), (2, 16, 12, 12, 16, 1, 2, 0, 1, 1),
+            (1, 3, 40, 40, 8, 7, 2, 3, 1, 1), (2, 8, 10, 10, 8, 3, 1, 2, 2, 1),
+            (2, 8, 9, 9, 16, 3, 1, 1, 1, 4), (1, 6, 7, 5, 5, 3, 1, 1, 1, 1),
+            (2, 12, 6, 6, 12, 3, 1, 1, 1, 3), (1, 8, 5, 70, 10, 3, 1, 1, 1, 1),
+            (1, 8, 4, 13, 7, 2, 1, 0, 1, 1), (1, 16, 14, 14, 20, 3, 1, 1, 1, 1),
+            (2, 8, 8, 8, 8, 4, 1, 3, 1, 1), (1, 24, 7, 7, 13, 3, 1, 1, 1, 1)]:
+        x = g.standard_normal((N, C, H, W))
+        w = g.standard_normal((Co, C // gr, k, k))
+        b = g.standard_normal(Co)
+        fwd.append((L.ConvOptions((s, s), (p, p), (d, d), gr), x, w, b))
+    x1 = g.standard_normal((3, 16, 300)); w1 = g.standard_normal((24, 16, 5))
+    fwd.append((L.ConvOptions((1,), (2,), (1,), 1), x1, w1, None))
+    x3 = g.standard_normal((1, 4, 6, 7, 9)); w3 = g.standard_normal((8, 4, 3, 3, 3))
+    fwd.append((L.ConvOptions((1, 1, 1), (1, 1, 1), (1, 1, 1), 1), x3, w3, None))
+    tr = []
+    for (N, C, Co, H, k, s, p, op, gr) in [(2, 8, 8, 8, 4, 2, 1, 0, 1), (1, 6, 12, 9, 3, 2, 1, 1, 1),
+                                           (2, 8, 6, 7, 3, 1, 1, 0, 2), (1, 4, 8, 5, 5, 3, 2, 2, 1),
+                                           (1, 12, 12, 11, 4, 2, 1, 0, 1), (1, 8, 16, 4, 4, 2, 1, 0, 1)]:
+        x = g.standard_normal((N, C, H, H + 3)); w = g.standard_normal((C, Co // gr, k, k))
+        tr.append(((op, op), L.ConvOptions((s, s), (p, p), (1, 1), gr), x, w, None))
+    h = hashlib.sha256()
+    for path in (None,) + K.FORWARD_PATHS:
+        with K.forced_path(path):
+            for args in fwd:
+                h.update(np.ascontiguousarray(L.convolution(*args)).tobytes())
+    for args in tr:
+        h.update(np.ascontiguousarray(L.transposed_convolution(*args)).tobytes())
+    print(_cpu.machine().isa, h.hexdigest())
+""")
+
+
+def _host_has(feature):
+    import llvmlite.binding as llb
+    return bool(llb.get_host_cpu_features().get(feature, False))
+
+
+def _run(**env_extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "HMATH_DL_KERNELS")}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_extra)
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-4000:]
+    isa, digest = out.stdout.split()
+    return isa, digest
+
+
+@pytest.mark.slow
+def test_every_path_gives_the_same_bits_on_every_target():
+    host_isa, host = _run()
+    portable_isa, portable = _run(HMATH_DL_KERNELS="portable")
+    generic_isa, generic = _run(NUMBA_CPU_NAME="generic")
+    assert portable_isa == "portable" and generic_isa == "portable"
+    assert host == portable == generic
+    if _host_has("avx2") and _host_has("fma"):
+        avx2_isa, avx2 = _run(NUMBA_CPU_NAME="haswell")
+        assert avx2_isa == "avx2"
+        assert avx2 == host
+    else:
+        pytest.skip("host cannot execute AVX2 code: the haswell target was not run "
+                    f"(host, portable and generic agree; host kernels: {host_isa})")
+
+
+def test_machine_policy_follows_numbas_target(monkeypatch):
+    from numba.core import config
+
+    from hmath_dl._kernels import _cpu
+    monkeypatch.setattr(config, "CPU_FEATURES", None, raising=False)
+    for name, isa, lanes, regs in [("haswell", "avx2", 4, 16), ("znver3", "avx2", 4, 16),
+                                   ("skylake-avx512", "avx512", 8, 32),
+                                   ("generic", "portable", 2, 16),
+                                   ("some-future-cpu", "portable", 2, 16)]:
+        monkeypatch.setattr(config, "CPU_NAME", name, raising=False)
+        m = _cpu._read(False)
+        if m.arch != "x86_64":
+            pytest.skip("x86 CPU names")
+        assert (m.isa, m.f64_lanes, m.vector_registers) == (isa, lanes, regs), name
+        assert _cpu._read(True).isa == "portable"
+        assert _cpu._read(True).tiled is False
+    monkeypatch.setattr(config, "CPU_NAME", None, raising=False)
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx,+avx2,+fma,-avx512f", raising=False)
+    assert _cpu._read(False).isa == "avx2"
+    assert _cpu._read(False).avx512_vnni is False
