@@ -2,7 +2,8 @@
 """List the public functions of hmath_dl that no asv benchmark file references.
 
 Public functions: every function in ``__all__`` (or, without one, every public name that
-is a function) of hmath_dl.precision, .activations, .layers, .autodiff and .optim.
+is a function) of hmath_dl.precision, .activations, .layers, .autodiff, .optim and
+.distributed.
 
 A function counts as referenced by ``asv_bench/benchmarks/bench_*.py`` when the file
 (found with ``ast``, so comments, docstrings and strings do not count)
@@ -33,7 +34,7 @@ import importlib  # noqa: E402
 import inspect  # noqa: E402
 
 MODULES = ["hmath_dl.precision", "hmath_dl.activations", "hmath_dl.layers",
-           "hmath_dl.autodiff", "hmath_dl.optim"]
+           "hmath_dl.autodiff", "hmath_dl.optim", "hmath_dl.distributed"]
 BENCH_DIR = _HERE / "benchmarks"
 
 

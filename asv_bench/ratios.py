@@ -76,11 +76,25 @@ def tt(a):
 PAIRS = []
 
 
-def pair(name, shape):
+FLOPS = {}   # pair name -> floating-point operations per call (for the roofline column)
+
+
+def pair(name, shape, flops=None):
     def wrap(builder):
         PAIRS.append((name, shape, builder))
+        if flops:
+            FLOPS[name] = flops
         return builder
     return wrap
+
+
+DGEMM = "numpy float64 matmul (the FMA roofline)"
+
+
+@pair(DGEMM, "1024 x 1024 x 1024", 2 * 1024 ** 3)
+def _dgemm():
+    a, b = rnd((1024, 1024), 1), rnd((1024, 1024), 2)
+    return (lambda: a @ b), "numpy", (lambda: a @ b)
 
 
 @pair("int8_gemm (per-row x per-column, symmetric)", "1024 x 1024 x 1024")
@@ -244,6 +258,54 @@ def _kv():
         return c
     # "ours" = 1000 appends, "peer" = 4000 appends: the ratio is peer/ours = growth factor
     return (lambda: decode(1000)), "ours, 4000 appends", (lambda: decode(4000))
+
+
+# the shapes of issue 14 ("Fast on every CPU"): float64, batch 8 unless noted
+_ISSUE14 = [  # name, x shape, w shape, stride, padding, groups, transposed
+    ("3x3 s1 32->64 @32", (8, 32, 32, 32), (64, 32, 3, 3), 1, 1, 1, False),
+    ("3x3 s1 64->64 @56", (8, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1, False),
+    ("3x3 s2 64->128 @56", (8, 64, 56, 56), (128, 64, 3, 3), 2, 1, 1, False),
+    ("1x1 s1 256->64 @56", (8, 256, 56, 56), (64, 256, 1, 1), 1, 0, 1, False),
+    ("1x1 s2 256->512 @56", (8, 256, 56, 56), (512, 256, 1, 1), 2, 0, 1, False),
+    ("7x7 s2 3->64 @224 (batch 4)", (4, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1, False),
+    ("3x3 s1 256->256 @14", (8, 256, 14, 14), (256, 256, 3, 3), 1, 1, 1, False),
+    ("3x3 groups 32, 128->128 @28", (8, 128, 28, 28), (128, 4, 3, 3), 1, 1, 32, False),
+    ("transposed 4x4 s2 p1 64->64 @16", (8, 64, 16, 16), (64, 64, 4, 4), 2, 1, 1, True),
+    ("conv1d k5 p2 64->64 @1024 (batch 16)", (16, 64, 1024), (64, 64, 5), 1, 2, 1, False),
+]
+
+
+def _conv_flops(xs, ws, s, p, tr):
+    from math import prod
+    if tr:
+        return 2 * prod(xs) * ws[1] * prod(ws[2:])
+    o = [(xs[2 + a] + 2 * p - ws[2 + a]) // s + 1 for a in range(len(xs) - 2)]
+    return 2 * xs[0] * ws[0] * prod(o) * ws[1] * prod(ws[2:])
+
+
+def _issue14_pair(name, xs, ws, s, p, g, tr):
+    @pair("issue 14: conv " + name, f"x {'x'.join(map(str, xs))}, w {'x'.join(map(str, ws))}",
+          _conv_flops(xs, ws, s, p, tr))
+    def _build():
+        x, w = rnd(xs, 20), rnd(ws, 21)
+        r = len(xs) - 2
+        o = L.ConvOptions((s,) * r, (p,) * r, (1,) * r, g)
+        if tr:
+            ours = lambda: L.transposed_convolution((0,) * r, o, x, w, None)  # noqa: E731
+        else:
+            ours = lambda: L.convolution(o, x, w, None)  # noqa: E731
+        if torch is None:
+            return ours, None, None
+        tx, tw = tt(x), tt(w)
+        F = torch.nn.functional
+        if tr:
+            return ours, "torch", (lambda: F.conv_transpose2d(tx, tw, None, s, p, 0, g))
+        fn = F.conv1d if r == 1 else F.conv2d
+        return ours, "torch", (lambda: fn(tx, tw, None, s, p, 1, g))
+
+
+for _args in _ISSUE14:
+    _issue14_pair(*_args)
 
 
 def _training(kind):
@@ -465,6 +527,11 @@ def main(argv=None):
     ap.add_argument("--same-process", action="store_true",
                     help="time both sides in this process (they then share one OpenMP "
                          "runtime, initialised with torch's settings)")
+    ap.add_argument("--isa", choices=("host", "avx2"), default="host",
+                    help="avx2: both workers run AVX2 code on an AVX-512 host (numba "
+                         "NUMBA_CPU_NAME=haswell, OpenBLAS Haswell kernels, torch "
+                         "ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2 -- MKL "
+                         "ignores ATEN's setting)")
     ap.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -472,10 +539,16 @@ def main(argv=None):
     if args.asv is not None:
         return from_asv(args.asv or None)
     procs = None
+    if args.isa != "host" and args.same_process:
+        ap.error("--isa needs worker processes (the target is fixed when numba loads)")
     if not args.same_process:
         import subprocess
+        env = dict(os.environ)
+        if args.isa == "avx2":
+            env.update(NUMBA_CPU_NAME="haswell", OPENBLAS_CORETYPE="Haswell",
+                       ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
         procs = {role: subprocess.Popen([sys.executable, os.path.abspath(__file__),
-                                         "--worker", role],
+                                         "--worker", role], env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                  for role in ("ours", "peer")}
     print(f"<!-- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
@@ -483,14 +556,16 @@ def main(argv=None):
           f"numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads), "
           f"numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}"
           f"{' (' + str(torch.get_num_threads()) + ' threads)' if torch else ''}; "
+          f"ISA {args.isa}; "
           f"best of {args.repeat} interleaved repeats"
           f"{'; both sides in one process' if procs is None else '; each side in its own worker process'} -->")
     print()
-    print("| benchmark | shape | ours | peer | peer time | peer / ours |")
-    print("|---|---|---:|---|---:|---:|")
+    print("| benchmark | shape | ours | peer | peer time | peer / ours | ours / dgemm rate |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    dgemm_rate = None
     try:
         for name, shape, builder in PAIRS:
-            if args.filter.lower() not in name.lower():
+            if args.filter.lower() not in name.lower() and name != DGEMM:
                 continue
             if procs is None:
                 ours, peer_name, peer = builder()
@@ -499,10 +574,17 @@ def main(argv=None):
             else:
                 to, tp, peer_name = measure_isolated(procs, name, args.repeat)
             if to is None or tp is None:
-                print(f"| {name} | {shape} | - | (no peer) | - | - |", flush=True)
+                print(f"| {name} | {shape} | - | (no peer) | - | - | - |", flush=True)
                 continue
-            print(f"| {name} | {shape} | {fmt(to)} | {peer_name} | {fmt(tp)} | {tp / to:.2f} |",
-                  flush=True)
+            if name == DGEMM:
+                dgemm_rate = FLOPS[name] / min(to, tp)
+                print(f"| {name} | {shape} | {fmt(min(to, tp))} | = | {dgemm_rate / 1e9:.1f} "
+                      f"GFLOP/s | - | 1.00 |", flush=True)
+                continue
+            roof = (f"{FLOPS[name] / to / dgemm_rate:.2f}" if name in FLOPS and dgemm_rate
+                    else "-")
+            print(f"| {name} | {shape} | {fmt(to)} | {peer_name} | {fmt(tp)} | {tp / to:.2f} "
+                  f"| {roof} |", flush=True)
     finally:
         for p in (procs or {}).values():
             p.stdin.close()

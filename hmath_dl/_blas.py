@@ -7,8 +7,12 @@ worker that is not scheduled: a 0.2 ms product then takes ~30 ms (measured on a 
 VM, Linux 6.18).  The layers' and the tape's products are small, so :func:`matmul` runs
 them single-threaded; large products keep every BLAS thread.
 
-Same bits either way: OpenBLAS divides a GEMM over threads by blocks of the OUTPUT (each
-entry is one dot product summed in the same order), never along the inner dimension.
+Not always the same bits: OpenBLAS 0.3.31 gives other bits for some shapes on 2 threads
+than on 1 (e.g. ``[32, 464] @ [464, 144]``), so results through this module depend on
+OpenBLAS's thread count (``OPENBLAS_NUM_THREADS``), though not on Numba's.  Removing BLAS
+from numeric results altogether is the library's plan (the own fixed-order GEMM);
+:func:`one_thread` pins a block of work to one BLAS thread meanwhile (the data-parallel
+shards use it so that every Dask worker computes the same bits).
 
 The switch is OpenBLAS's thread-local ``openblas_set_num_threads_local`` (OpenBLAS >=
 0.3.27): it changes nothing for other Python threads and is restored after the call.
@@ -18,11 +22,14 @@ Where it is unavailable (another BLAS, another platform) :func:`matmul` is plain
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
+import threading
 
 import numpy as np
 
-__all__ = ["matmul", "SMALL_WORK"]
+__all__ = ["matmul", "one_thread", "SMALL_WORK"]
 
 #: Products with fewer multiply-adds than this (per matrix of a stack) run on one thread
 #: (2**25 multiply-adds: ~1 ms single-threaded on the reference VM).  The environment
@@ -30,34 +37,69 @@ __all__ = ["matmul", "SMALL_WORK"]
 from .config import BLAS_SMALL_WORK as SMALL_WORK  # noqa: E402
 
 _state = {"loaded": False, "set_local": None}
+_lock = threading.Lock()
+# the thread-local switch under its names in OpenBLAS builds (numpy >= 2 wheels ship
+# scipy-openblas with a prefixed, 64-bit-integer interface)
+_SYMBOLS = ("openblas_set_num_threads_local", "scipy_openblas_set_num_threads_local64_",
+            "scipy_openblas_set_num_threads_local")
 
 
 def _find_openblas():
-    """Path of the OpenBLAS library numpy has loaded (Linux: /proc/self/maps), or None."""
+    """Path of the OpenBLAS library that numpy itself uses (Linux: /proc/self/maps), or
+    None.  Other copies may be loaded too (scipy and scikit-learn wheels bring their own):
+    numpy's is the one inside numpy's installation (``numpy.libs`` beside the package for
+    a wheel, or the package directory); a single OpenBLAS (conda, a system build) is taken
+    as numpy's."""
     try:
         with open("/proc/self/maps") as fh:
-            for line in fh:
-                path = line.rsplit(None, 1)[-1]
-                if "openblas" in path.lower() and ".so" in path:
-                    return path
+            paths = sorted({line.rsplit(None, 1)[-1] for line in fh
+                            if "openblas" in line.lower() and ".so" in line})
     except OSError:
-        pass
+        return None
+    paths = [p for p in paths if os.path.isabs(p) and os.path.isfile(p)]
+    np_dir = os.path.dirname(os.path.abspath(np.__file__))
+    roots = (np_dir + os.sep, os.path.join(os.path.dirname(np_dir), "numpy.libs") + os.sep)
+    own = [p for p in paths if p.startswith(roots)]
+    if len(own) == 1:
+        return own[0]
+    if not own and len(paths) == 1:
+        return paths[0]
     return None
 
 
 def _set_local():
-    if not _state["loaded"]:
-        _state["loaded"] = True
-        try:
+    """numpy's OpenBLAS ``openblas_set_num_threads_local`` (ctypes), or None."""
+    with _lock:
+        if not _state["loaded"]:
+            _state["loaded"] = True
             path = _find_openblas()
-            if path is not None:
-                fn = ctypes.CDLL(path).openblas_set_num_threads_local
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_int]
-                _state["set_local"] = fn
-        except (OSError, AttributeError):
-            _state["set_local"] = None
+            try:
+                lib = ctypes.CDLL(path) if path is not None else None
+            except OSError:
+                lib = None
+            for name in _SYMBOLS if lib is not None else ():
+                fn = getattr(lib, name, None)
+                if fn is not None:
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_int]
+                    _state["set_local"] = fn
+                    break
     return _state["set_local"]
+
+
+@contextlib.contextmanager
+def one_thread():
+    """numpy's OpenBLAS on one thread for the calling thread (nothing elsewhere) within
+    the block; a no-op where the switch is unavailable."""
+    fn = _set_local()
+    if fn is None:
+        yield
+        return
+    prev = fn(1)
+    try:
+        yield
+    finally:
+        fn(prev)
 
 
 def _work(a, b):

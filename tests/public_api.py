@@ -744,3 +744,38 @@ def sgd_step():
 @spec(O, ["state", "params", "grads", "lr"])
 def adamw_step():
     return st.composite(lambda draw: _step_case("adamw_init", draw))()
+
+
+# ----------------------------------------------------------------------------- distributed
+DP = "hmath_dl.distributed"
+
+
+def _dp_sum_loss(params, x, y):
+    """Summed cross-entropy of a linear classifier (a picklable, module-level loss_fn)."""
+    w, b = params
+    return mod(D).cross_entropy(mod(L).dense_ad(mod(D).constant(x), w, b), y) * float(len(y))
+
+
+def _dp_mse_loss(params, x):
+    (w,) = params
+    pred = mod(D).constant(x) @ w
+    return mod(D).mse(pred, mod(D).constant(np.zeros(pred.shape))) * float(pred.size)
+
+
+@spec(DP, ["loss_fn", "params", "batch", "shard_size", "client"])
+def data_parallel_gradients():
+    @st.composite
+    def s(draw):
+        g = gen(draw)
+        b = draw(st.integers(1, 9))
+        f, c = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+        if draw(st.booleans()):
+            params = [normal(g, (c, f)), normal(g, (c,))]
+            batch = (normal(g, (b, f)), g.integers(0, c, size=b))
+            loss_fn = _dp_sum_loss
+        else:
+            params = [normal(g, (f, c))]
+            batch = (normal(g, (b, f)),)
+            loss_fn = _dp_mse_loss
+        return (loss_fn, params, batch, draw(st.integers(1, b + 2)), None)
+    return s()

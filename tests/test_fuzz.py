@@ -30,7 +30,7 @@ from tests.helpers import ROOT
 from tests.public_api import SPECS
 
 PUBLIC_MODULES = ["hmath_dl.precision", "hmath_dl.activations", "hmath_dl.layers",
-                  "hmath_dl.autodiff", "hmath_dl.optim"]
+                  "hmath_dl.autodiff", "hmath_dl.optim", "hmath_dl.distributed"]
 
 COUNTS = {"valid": 0, "invalid": 0}
 
