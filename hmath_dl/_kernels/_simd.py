@@ -1,0 +1,415 @@
+"""The vector-code generator behind the register-tiled kernels: LLVM IR emitters for
+fused-multiply-add chains over register tiles, and the tile shapes of the target.
+
+One generator, per-ISA tile shapes (BLIS's model: only the register-block sizes differ):
+the shapes below are read from the machine policy (:mod:`._cpu`) -- from numba's TARGET,
+never from the ``HMATH_DL_KERNELS`` override, which only switches paths at call time, so
+every compiled kernel matches its on-disk cache key.
+
+    AVX-512 (32 zmm, 8 lanes): row tiles 6 ch x 4 vectors, wide 8 x 3 / 4 x 6, pair 6 x 2 x 2
+    AVX2    (16 ymm, 4 lanes): row tiles 6 ch x 2 vectors, wide 4 x 3,       pair 6 x 2 x 1
+
+i.e. 24 or 12 accumulators next to the loads and a broadcast.  Every micro-kernel
+computes, per output, the same chain of ``llvm.fma`` calls (one rounding per term) in the
+same term order as the scalar code, so tiles, targets and thread counts give the same bits.
+Only generic LLVM vector operations are emitted (``llvm.fma.v*f64``, loads, stores,
+shuffles): no x86-specific intrinsic, so any target gets correct code.
+
+Numba's on-disk cache does not notice edits to this module in the kernels that use its
+intrinsics (``conv.py``, ``gemm_f64.py``): after editing it, delete the ``__pycache__``
+directory of ``hmath_dl/_kernels`` (a fresh install or clone has none).
+"""
+
+import llvmlite.ir as llvm_ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from . import _cpu
+
+# --------------------------------------------------------------------------- helpers
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` with one rounding (IEEE fusedMultiplyAdd, ``llvm.fma.f64``).
+
+    An explicit, exactly specified operation (not ``fastmath`` contraction, which would
+    let the compiler decide): the same bits on every thread, and it vectorises to
+    ``vfmadd``.  Only for float64 arguments."""
+    if not all(isinstance(t, types.Float) and t.bitwidth == 64 for t in (a, b, c)):
+        return None
+    sig = types.float64(types.float64, types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        dbl = llvm_ir.DoubleType()
+        fnty = llvm_ir.FunctionType(dbl, [dbl, dbl, dbl])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.f64")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+# --------------------------------------------------------------------------- tile shapes
+# Everything ISA-specific in the tiled kernels is here, read from the machine policy (the
+# TARGET numba compiles for -- never the HMATH_DL_KERNELS override, which only switches
+# paths at call time, so every compiled kernel matches its on-disk cache key).  One
+# generator of micro-kernels, two tile sets (BLIS-style: only register-block sizes differ):
+#   AVX-512 (32 zmm, 8 lanes): row tiles 6 ch x 4 vectors, wide 8 x 3 / 4 x 6, pair 6 x 2 x 2
+#   AVX2    (16 ymm, 4 lanes): row tiles 6 ch x 2 vectors, wide 4 x 3,       pair 6 x 2 x 1
+# i.e. 24 or 12 accumulators plus the loads and a broadcast.  Every tile computes the same
+# chains in the same order, so the bits do not depend on the tile set.
+_TARGET = _cpu.machine()
+_WIDE512 = _TARGET.has("avx512f")
+_VW = 8 if _WIDE512 else 4   # float64 lanes of one vector of the explicit vector code
+_ROW_MAXV = 4 if _WIDE512 else 2     # vectors per row tile (x 6 channels)
+_PAIR_MAXV = 2 if _WIDE512 else 1    # vectors per phase of the two-phase tile
+_WIDE_CB8 = _WIDE512                 # 8-channel wide tiles (else 4 channels only)
+_WIDE_V8 = 3                         # vectors per 8-channel wide tile
+_WIDE_V4 = 6 if _WIDE512 else 3      # vectors per 4-channel wide tile
+
+
+@intrinsic
+def _vfma(typingctx, rs, ys, i, ws):
+    """``r_j[i:i+8] = fma(w[j,T-1], y_{T-1}[i:i+8], ... fma(w[j,0], y_0[i:i+8], r_j[i:i+8]))``
+    for the accumulator rows ``rs`` (tuple of R 1-D arrays), the input rows ``ys`` (tuple of
+    T 1-D arrays) and the weights ``ws`` (flat tuple of R*T float64, row-major [j, t]).
+
+    Per element this is exactly the scalar chain of :func:`_fma` calls, so vector body and
+    scalar tails give the same bits.  The explicit 8-lane vector type makes LLVM use
+    512-bit registers where available (its auto-vectoriser stops at 256 bits on this CPU
+    family); elsewhere it is split into narrower vectors.  Only contiguous (layout 'C')
+    float64 arrays are accepted: the codegen addresses ``data + i`` directly, and the
+    caller guarantees ``i + 8 <= len`` for every row."""
+    if not (isinstance(rs, types.BaseTuple) and isinstance(ys, types.BaseTuple)
+            and isinstance(ws, types.BaseTuple)):
+        return None
+    for a in tuple(rs) + tuple(ys):
+        if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float64
+                and a.ndim == 1):
+            return None
+    if len(ws) != len(rs) * len(ys) or any(t != types.float64 for t in ws):
+        return None
+    nr, nt = len(rs), len(ys)
+
+    def codegen(context, builder, signature, args):
+        rs_t, ys_t, _, _ = signature.args
+        fma = _vfma_fn(builder)
+        idx = args[2]
+
+        def vptr(aty, aval):
+            a = context.make_array(aty)(context, builder, aval)
+            return builder.bitcast(builder.gep(a.data, [idx]), _VTY.as_pointer())
+
+        xs = [builder.load(vptr(ys_t[t], builder.extract_value(args[1], t)), align=8)
+              for t in range(nt)]
+        for j in range(nr):
+            p = vptr(rs_t[j], builder.extract_value(args[0], j))
+            acc = builder.load(p, align=8)
+            for t in range(nt):
+                splat = _splat(builder, builder.extract_value(args[3], j * nt + t))
+                acc = builder.call(fma, [splat, xs[t], acc])
+            builder.store(acc, p, align=8)
+        return context.get_dummy_value()
+
+    return types.void(rs, ys, i, ws), codegen
+
+
+
+def _is_c1(a, dt):
+    """A 1-D C-contiguous array of dtype ``dt`` (the micro-kernels address data directly)."""
+    return isinstance(a, types.Array) and a.layout == "C" and a.ndim == 1 and a.dtype == dt
+
+
+def _accepts(f64=(), i64=(), ints=(), bools=()):
+    """The typing check shared by the micro-kernel intrinsics: 1-D C-contiguous float64
+    arrays ``f64``, int64 arrays ``i64``, integer scalars ``ints``, boolean ``bools``."""
+    return (all(_is_c1(a, types.float64) for a in f64)
+            and all(_is_c1(a, types.int64) for a in i64)
+            and all(isinstance(t, types.Integer) for t in ints)
+            and all(isinstance(t, types.Boolean) for t in bools))
+
+
+def _data(context, builder, aty, aval):
+    """The data pointer of the numba array value ``aval`` of type ``aty``."""
+    return context.make_array(aty)(context, builder, aval).data
+
+
+_VTY = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)   # one 512-bit vector of float64
+_I64 = llvm_ir.IntType(64)
+
+
+def _vfma_fn(builder):
+    """The ``llvm.fma`` intrinsic on 8-lane float64 vectors (one rounding per lane)."""
+    return cgutils.get_or_insert_function(
+        builder.module, llvm_ir.FunctionType(_VTY, [_VTY, _VTY, _VTY]), "llvm.fma.v%df64" % _VW)
+
+
+def _splat(builder, x):
+    """The float64 scalar ``x`` broadcast to every lane of a vector."""
+    undef = llvm_ir.Constant(_VTY, llvm_ir.Undefined)
+    lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+    zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+    return builder.shuffle_vector(builder.insert_element(undef, x, lane0), undef, zmask)
+
+
+def _vptr(builder, p, k):
+    """``p + k`` (a float64 pointer, constant element offset ``k``) as a vector pointer."""
+    return builder.bitcast(builder.gep(p, [llvm_ir.Constant(_I64, k)]), _VTY.as_pointer())
+
+
+def _zero_slots(builder, n):
+    """``n`` vector accumulators (allocas, promoted to registers), each 0.0."""
+    zero = llvm_ir.Constant(_VTY, [0.0] * _VW)
+    return [cgutils.alloca_once_value(builder, zero) for _ in range(n)]
+
+
+def _emit_chain(context, builder, xd, xb, od, wd, wb, nk, CB, V, WS=None):
+    """Emit the micro-kernel loop: for kk in 0 .. nk-1, load V 8-lane vectors of x at
+    ``xd + xb + od[kk] + 8v``, broadcast the CB weights ``wd[wb + kk*WS + j]`` (``WS``, the
+    packing's block height, defaults to CB) and update ``acc[j][v] = fma(w_j, x_v,
+    acc[j][v])`` (accumulators start at 0.0).  Returns the CB x V final accumulator
+    values.  The accumulators live in allocas that LLVM promotes to registers (24 of them
+    fit the 32 vector registers of AVX-512 next to the loads)."""
+    fma = _vfma_fn(builder)
+    slots = [_zero_slots(builder, V) for _ in range(CB)]
+    px0 = builder.gep(xd, [xb])
+    pw0 = builder.gep(wd, [wb])
+    with cgutils.for_range(builder, nk) as loop:
+        kk = loop.index
+        px = builder.gep(px0, [builder.load(builder.gep(od, [kk]))])
+        xs = [builder.load(_vptr(builder, px, v * _VW), align=8) for v in range(V)]
+        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(_I64, WS or CB))])
+        for j in range(CB):
+            sp = _splat(builder, builder.load(builder.gep(pw, [llvm_ir.Constant(_I64, j)])))
+            for v in range(V):
+                builder.store(builder.call(fma, [sp, xs[v], builder.load(slots[j][v])]),
+                              slots[j][v])
+    return [[builder.load(slots[j][v]) for v in range(V)] for j in range(CB)]
+
+
+def _emit_store(context, builder, accs, od, ob, ost, nbv, bd, bb, hb, CB, V):
+    """Emit the store epilogue of a micro-kernel: ``od[ob + j*ost + 8v + l] = accs[j][v][l]
+    (+ bd[bb + j] when hb)`` for ``j < nbv``; returns an i1 that is true iff every stored
+    value is finite (the max of the exponent fields, all ones only for NaN/inf, kept as a
+    vector and reduced once)."""
+    i64 = _I64
+    lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+    hbit = builder.trunc(hb, llvm_ir.IntType(1)) if hb.type != llvm_ir.IntType(1) else hb
+    ity = llvm_ir.VectorType(i64, _VW)
+    expm = llvm_ir.Constant(ity, [0x7FF0000000000000] * _VW)
+    mx = cgutils.alloca_once_value(builder, llvm_ir.Constant(ity, [0] * _VW))
+    for j in range(CB):
+        jc = llvm_ir.Constant(i64, j)
+        with builder.if_then(builder.icmp_signed("<", jc, nbv)):
+            row = builder.gep(od, [builder.add(ob, builder.mul(jc, ost))])
+            bsp = _splat(builder, builder.load(builder.gep(bd, [builder.add(bb, jc)])))
+            m = builder.load(mx)
+            for v in range(V):
+                val = builder.select(hbit, builder.fadd(accs[j][v], bsp), accs[j][v])
+                builder.store(val, _vptr(builder, row, v * _VW), align=8)
+                e = builder.and_(builder.bitcast(val, ity), expm)
+                m = builder.select(builder.icmp_unsigned(">", e, m), e, m)
+            builder.store(m, mx)
+    bad = builder.icmp_unsigned("==", builder.load(mx), expm)
+    anybad = builder.extract_element(bad, lane0)
+    for lane in range(1, _VW):
+        anybad = builder.or_(anybad, builder.extract_element(
+            bad, llvm_ir.Constant(llvm_ir.IntType(32), lane)))
+    return builder.not_(anybad)
+
+
+def _emit_chain_pair(context, builder, xd, xb, oa, ob_, wd, wb, nk, CB, V):
+    """Emit the loop of the two-phase micro-kernel (transposed convolution with stride 2
+    along W): two register tiles of CB channels x V vectors of 8, one per W phase, in the
+    same loop over the terms kk: phase a reads ``xd + xb + oa[kk] + 8v`` and weights
+    ``wd[wb + kk*2CB + j]``, phase b ``xd + xb + ob_[kk] + 8v`` and ``wd[wb + kk*2CB + CB +
+    j]`` (one fused multiply-add per term, as everywhere here).  Returns, per channel, the
+    2V output vectors of 8 consecutive outputs with the two phases interleaved (even
+    outputs from phase a, odd ones from phase b)."""
+    VW = _VW
+    fma = _vfma_fn(builder)
+    slots = [[_zero_slots(builder, V) for _ in range(CB)] for _ in range(2)]
+    px0 = builder.gep(xd, [xb])
+    pw0 = builder.gep(wd, [wb])
+    with cgutils.for_range(builder, nk) as loop:
+        kk = loop.index
+        pw = builder.gep(pw0, [builder.mul(kk, llvm_ir.Constant(_I64, 2 * CB))])
+        for ph, offs in enumerate((oa, ob_)):
+            px = builder.gep(px0, [builder.load(builder.gep(offs, [kk]))])
+            xs = [builder.load(_vptr(builder, px, v * VW), align=8) for v in range(V)]
+            for j in range(CB):
+                sp = _splat(builder, builder.load(
+                    builder.gep(pw, [llvm_ir.Constant(_I64, ph * CB + j)])))
+                for v in range(V):
+                    slot = slots[ph][j][v]
+                    builder.store(builder.call(fma, [sp, xs[v], builder.load(slot)]), slot)
+    i32 = llvm_ir.IntType(32)
+    half = VW // 2
+    lo_mask = llvm_ir.Constant(llvm_ir.VectorType(i32, VW),
+                               [k for i in range(half) for k in (i, VW + i)])
+    hi_mask = llvm_ir.Constant(llvm_ir.VectorType(i32, VW),
+                               [k for i in range(half, VW) for k in (i, VW + i)])
+    outs = []
+    for j in range(CB):
+        row = []
+        for v in range(V):
+            a = builder.load(slots[0][j][v])
+            b = builder.load(slots[1][j][v])
+            row += [builder.shuffle_vector(a, b, lo_mask), builder.shuffle_vector(a, b, hi_mask)]
+        outs.append(row)
+    return outs
+
+
+def _make_micro_pair(CB, V):
+    """The two-phase micro-kernel (:func:`_emit_chain_pair`) for CB channels x 16V
+    consecutive outputs of one row, stored to the output row like
+    :func:`_make_micro_store` (returns True iff all are finite).  Arguments ``(xf, xbase,
+    offs_a, offs_b, wpk, wbase, K, of, obase, ostride, nb, bias, bbase, has_bias, acc)``
+    (``acc`` unused).  The caller guarantees every address is inside its array."""
+
+    @intrinsic
+    def micro(typingctx, xf, xbase, oa, ob_, wpk, wbase, K, of, obase, ostride, nb, bias,
+              bbase, has_bias, acc):
+        if not _accepts(f64=(xf, wpk, of, bias, acc), i64=(oa, ob_),
+                        ints=(xbase, wbase, K, obase, ostride, nb, bbase), bools=(has_bias,)):
+            return None
+        i64t = types.int64
+        sig = types.boolean(xf, i64t, oa, ob_, wpk, i64t, i64t, of, i64t, i64t, i64t, bias, i64t,
+                            types.boolean, acc)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            xa, xb, oaa, oba, wa, wb, nk, ofa, obs, ost, nbv, ba, bb, hb, aa = args
+            outs = _emit_chain_pair(context, builder, _data(context, builder, t[0], xa), xb,
+                                    _data(context, builder, t[2], oaa),
+                                    _data(context, builder, t[3], oba),
+                                    _data(context, builder, t[4], wa), wb, nk, CB, V)
+            return _emit_store(context, builder, outs, _data(context, builder, t[7], ofa),
+                               obs, ost, nbv, _data(context, builder, t[11], ba), bb, hb,
+                               CB, 2 * V)
+
+        return sig, codegen
+
+    return micro
+
+
+def _make_micro(CB, V):
+    """Build the register-tiled micro-kernel for ``CB`` output channels x ``V`` vectors of
+    8 consecutive output positions (``CB * V`` 512-bit accumulators, at most 24 so that
+    they stay in registers):
+
+    ``acc[j*8V + i] = fma(w[K-1, j], x[xbase + offs[K-1] + i], ... fma(w[0, j], x[xbase +
+    offs[0] + i], 0.0))`` for ``j < CB``, ``i < 8V``, with ``w[kk, j] = wpk[wbase + kk*CB + j]``.
+
+    Per output this is exactly the scalar chain of :func:`_fma` calls over the terms in
+    the order kk = 0 .. K-1 (one rounding per term), so tiled and scalar code give the
+    same bits.  Emitted directly as an LLVM loop whose accumulators are SSA values (no
+    load/store per term); every iteration loads V input vectors and broadcasts CB weights.
+    The caller guarantees that every address read is inside ``xf`` and that ``acc`` holds
+    at least ``8 * CB * V`` elements.  Only 1-D C-contiguous arrays are accepted."""
+
+    @intrinsic
+    def micro(typingctx, xf, xbase, offs, wpk, wbase, K, acc):
+        if not _accepts(f64=(xf, wpk, acc), i64=(offs,), ints=(xbase, wbase, K)):
+            return None
+        sig = types.void(xf, types.int64, offs, wpk, types.int64, types.int64, acc)
+
+        def codegen(context, builder, signature, args):
+            xft, _, offt, wpkt, _, _, acct = signature.args
+            xa, xb, oa, wa, wb, nk, aa = args
+            accs = _emit_chain(context, builder, _data(context, builder, xft, xa), xb,
+                               _data(context, builder, offt, oa),
+                               _data(context, builder, wpkt, wa), wb, nk, CB, V)
+            ad = _data(context, builder, acct, aa)
+            for j in range(CB):
+                for v in range(V):
+                    builder.store(accs[j][v], _vptr(builder, ad, (j * V + v) * _VW), align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+def _make_micro_store(CB, V, WS=None):
+    """Like :func:`_make_micro` (weights packed in blocks of ``WS`` channels, default CB,
+    of which the first CB are computed), but the finished accumulators go straight to the
+    output:
+    ``of[obase + j*ostride + i] = acc[j, i] (+ bias[bbase + j] when has_bias)`` for
+    ``j < nb`` (the real channels of the block), ``i < 8V`` -- one addition after the
+    chain, as in the scalar code.  Returns True iff every stored value is finite (so the
+    caller needs no second pass over the output).  The caller guarantees that every
+    address read or written is inside ``xf`` / ``of``."""
+
+    @intrinsic
+    def micro(typingctx, xf, xbase, offs, wpk, wbase, K, of, obase, ostride, nb, bias,
+              bbase, has_bias):
+        if not _accepts(f64=(xf, wpk, of, bias), i64=(offs,),
+                        ints=(xbase, wbase, K, obase, ostride, nb, bbase), bools=(has_bias,)):
+            return None
+        i64t = types.int64
+        sig = types.boolean(xf, i64t, offs, wpk, i64t, i64t, of, i64t, i64t, i64t, bias, i64t,
+                            types.boolean)
+
+        def codegen(context, builder, signature, args):
+            xft, _, offt, wpkt, _, _, oft, _, _, _, bt, _, _ = signature.args
+            xa, xb, oa, wa, wb, nk, ofa, ob, ost, nbv, ba, bb, hb = args
+            accs = _emit_chain(context, builder, _data(context, builder, xft, xa), xb,
+                               _data(context, builder, offt, oa),
+                               _data(context, builder, wpkt, wa), wb, nk, CB, V, WS)
+            return _emit_store(context, builder, accs, _data(context, builder, oft, ofa), ob,
+                               ost, nbv, _data(context, builder, bt, ba), bb, hb, CB, V)
+
+        return sig, codegen
+
+    return micro
+
+
+def _make_micro_cv(VC):
+    """The channel-vector micro-kernel, for outputs that are too few to fill position
+    vectors (row remainders): ONE output position, ``8 * VC`` output channels in ``VC``
+    accumulators --
+
+    ``acc[8v + l] = fma(w[K-1, 8v+l], x[xbase + offs[K-1]], ... fma(w[0, 8v+l], x[xbase +
+    offs[0]], 0.0))`` with ``w[kk, c] = wcv[wbase + kk*WS + c]``,
+
+    i.e. per output the same chain of fused multiply-adds over the terms kk = 0 .. K-1 as
+    every other kernel here (the product is commutative, so the bits are the same), but
+    the weights are loaded as vectors over channels (layout ``[.., K, WS]``, WS >= 8 VC)
+    and the single input value is broadcast.  Every address read is an element the
+    output actually uses, so no bounds slack is needed.  Signature ``(xf, xbase, offs,
+    wcv, wbase, WS, K, acc)``."""
+
+    @intrinsic
+    def micro(typingctx, xf, xbase, offs, wcv, wbase, WS, K, acc):
+        if not _accepts(f64=(xf, wcv, acc), i64=(offs,), ints=(xbase, wbase, WS, K)):
+            return None
+        i64t = types.int64
+        sig = types.void(xf, i64t, offs, wcv, i64t, i64t, i64t, acc)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            xa, xb, oa, wa, wb, ws, nk, aa = args
+            xd = _data(context, builder, t[0], xa)
+            od = _data(context, builder, t[2], oa)
+            wd = _data(context, builder, t[3], wa)
+            ad = _data(context, builder, t[7], aa)
+            fma = _vfma_fn(builder)
+            slots = _zero_slots(builder, VC)
+            px0 = builder.gep(xd, [xb])
+            pw0 = builder.gep(wd, [wb])
+            with cgutils.for_range(builder, nk) as loop:
+                kk = loop.index
+                sp = _splat(builder, builder.load(
+                    builder.gep(px0, [builder.load(builder.gep(od, [kk]))])))
+                pw = builder.gep(pw0, [builder.mul(kk, ws)])
+                for v in range(VC):
+                    wv = builder.load(_vptr(builder, pw, v * _VW), align=8)
+                    builder.store(builder.call(fma, [wv, sp, builder.load(slots[v])]), slots[v])
+            for v in range(VC):
+                builder.store(builder.load(slots[v]), _vptr(builder, ad, v * _VW), align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
