@@ -1,6 +1,8 @@
 """hmath_dl.autodiff: the tape, the primitive rules, check_gradients."""
 
 import numpy as np
+
+from tests.reference import gemm as reference_gemm
 import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
@@ -200,7 +202,9 @@ def test_power_rule():
 def test_matmul(sa, sb):
     a, b = rnd(1, sa), rnd(2, sb)
     out = ad.variable(a) @ ad.variable(b)
-    assert np.array_equal(out.value, a @ b)
+    # one fma chain per output in k order (the library's own GEMM): an independent oracle
+    assert out.value.tobytes() == reference_gemm.matmul(a, b).tobytes()
+    assert np.allclose(out.value, a @ b, rtol=1e-13, atol=1e-13)
     ad.check_gradients(lambda x, y: x @ y, [a, b])
 
 

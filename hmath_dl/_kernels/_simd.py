@@ -413,3 +413,58 @@ def _make_micro_cv(VC):
     return micro
 
 
+
+
+def _make_micro_acc(CB, V):
+    """The continuing micro-kernel of the float GEMM: a CB x ``VW*V`` tile of ``c``
+    (rows ``cbase + j*cstride``, j < CB) is loaded into CB*V vector accumulators, the
+    chain runs over ``nk`` terms --
+
+    ``c[j, i] = fma(a[kk, j], b[bbase + kk*bstride + i], c[j, i])`` for kk = 0 .. nk-1 in
+    order, with ``a[kk, j] = apk[abase + kk*CB + j]`` --
+
+    and the tile is stored back.  Starting from ``c = 0`` and continuing chunk after chunk
+    is exactly one chain over all the terms (a float64 in memory is the register value),
+    so K-blocking changes no bit.  Signature ``(bf, bbase, bstride, apk, abase, nk, cf,
+    cbase, cstride)``; the caller guarantees every address is inside its array."""
+
+    @intrinsic
+    def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride):
+        if not _accepts(f64=(bf, apk, cf), ints=(bbase, bstride, abase, nk, cbase, cstride)):
+            return None
+        i64t = types.int64
+        sig = types.void(bf, i64t, i64t, apk, i64t, i64t, cf, i64t, i64t)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            ba, bb, bs, aa, ab, nkv, ca, cb, cs = args
+            bd = _data(context, builder, t[0], ba)
+            ad = _data(context, builder, t[3], aa)
+            cd = _data(context, builder, t[6], ca)
+            fma = _vfma_fn(builder)
+            rows = [builder.gep(cd, [builder.add(cb, builder.mul(llvm_ir.Constant(_I64, j), cs))])
+                    for j in range(CB)]
+            slots = [[cgutils.alloca_once_value(
+                builder, builder.load(_vptr(builder, rows[j], v * _VW), align=8))
+                for v in range(V)] for j in range(CB)]
+            pb0 = builder.gep(bd, [bb])
+            pa0 = builder.gep(ad, [ab])
+            with cgutils.for_range(builder, nkv) as loop:
+                kk = loop.index
+                pb = builder.gep(pb0, [builder.mul(kk, bs)])
+                xs = [builder.load(_vptr(builder, pb, v * _VW), align=8) for v in range(V)]
+                pa = builder.gep(pa0, [builder.mul(kk, llvm_ir.Constant(_I64, CB))])
+                for j in range(CB):
+                    sp = _splat(builder, builder.load(builder.gep(pa, [llvm_ir.Constant(_I64, j)])))
+                    for v in range(V):
+                        builder.store(builder.call(fma, [sp, xs[v], builder.load(slots[j][v])]),
+                                      slots[j][v])
+            for j in range(CB):
+                for v in range(V):
+                    builder.store(builder.load(slots[j][v]), _vptr(builder, rows[j], v * _VW),
+                                  align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro

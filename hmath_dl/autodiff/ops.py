@@ -17,6 +17,7 @@ import numbers
 import numpy as np
 
 from .. import _checks
+from .._kernels.gemm_f64 import matmul_nd
 from ..errors import DomainError, IndexOutOfRange, NumericOverflow, ShapeError
 from .core import ADTensor, as_adtensor, make_node, register_vjp, unbroadcast
 
@@ -105,7 +106,7 @@ def _matmul(a, b):
         raise ShapeError(f"{fname}: batch axes do not broadcast "
                          f"(got {_shape(a.shape)} @ {_shape(b.shape)})") from None
     with np.errstate(all="ignore"):
-        value = np.asarray(np.matmul(a.value, b.value), dtype=np.float64)
+        value = matmul_nd(a.value, b.value)
     return make_node("matmul", _checked(fname, value, "a dot product overflowed"), (a, b))
 
 
@@ -157,9 +158,9 @@ def _vjp_matmul(g, node, needs):
     g2 = g.reshape(np.broadcast_shapes(av.shape[:-2], bv.shape[:-2]) + (av.shape[-2], bv.shape[-1]))
     ga = gb = None
     if needs[0]:
-        ga = unbroadcast(np.matmul(g2, _swap(bv)), av.shape).reshape(a.shape)
+        ga = unbroadcast(matmul_nd(g2, _swap(bv)), av.shape).reshape(a.shape)
     if needs[1]:
-        gb = unbroadcast(np.matmul(_swap(av), g2), bv.shape).reshape(b.shape)
+        gb = unbroadcast(matmul_nd(_swap(av), g2), bv.shape).reshape(b.shape)
     return ga, gb
 
 

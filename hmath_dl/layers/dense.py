@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _blas, _checks
+from .. import _checks
+from .._kernels.gemm_f64 import matmul_nd
 from ..errors import NumericOverflow, ShapeError
 
 __all__ = ["dense"]
@@ -29,11 +30,9 @@ def dense(x, weights, bias):
 
     Notes
     -----
-    The product runs in numpy's BLAS ``matmul`` (the fastest float64 GEMM available);
-    BLAS splits work over output blocks, so the result does not depend on
-    ``NUMBA_NUM_THREADS``.  Summation order inside a dot product is BLAS's.  Products
-    of fewer than ``2**25`` multiply-adds run on one BLAS thread (see
-    ``hmath_dl._blas``: multi-threaded small GEMMs stall beside Numba's threads).
+    Order: each output is one fused-multiply-add chain over the inputs ``i = 0 .. in-1``
+    in order, from ``0.0`` (the library's own GEMM, ``hmath_dl._kernels.gemm_f64``; no
+    BLAS), then ``+ bias[o]``: the same bits on every CPU and for any thread count.
 
     Raises
     ------
@@ -69,7 +68,7 @@ def dense(x, weights, bias):
         if xa.shape[-1] == 0:
             out[...] = 0.0
         else:
-            _blas.matmul(xa, w.T, out=out)
+            matmul_nd(xa, w.T, out=out)
         if b is not None:
             out += b
     # a NaN/inf anywhere makes the sum non-finite; a finite sum proves a finite output

@@ -23,7 +23,8 @@ import contextlib
 
 import numpy as np
 
-from .. import _blas, _checks
+from .. import _checks
+from .._kernels.gemm_f64 import matmul_nd
 from ..autodiff.core import ADTensor, as_adtensor, make_node, register_vjp
 from ..errors import MathError, ShapeError
 
@@ -126,9 +127,9 @@ def _vjp_dense(g, node, needs):
     g2 = g.reshape(-1, out)
     gx = gw = gb = None
     if needs[0]:
-        gx = _blas.matmul(g2, w.value).reshape(x.shape)
+        gx = matmul_nd(g2, w.value).reshape(x.shape)
     if needs[1]:
-        gw = _blas.matmul(g2.T, x.value.reshape(-1, w.shape[1]))
+        gw = matmul_nd(g2.T, x.value.reshape(-1, w.shape[1]))
     if len(needs) > 2 and needs[2]:
         gb = g2.sum(axis=0)
     return (gx, gw, gb)[:len(needs)]
@@ -191,9 +192,8 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     w.r.t. ``x`` and ``w`` given ``g = dL/dy``, by unfolding (im2col):
 
     ``cols[(c, k), (n, o)] = x_pad[n, c, o s + k d]`` (a Numba copy kernel), then per group
-    ``dw = G cols^T`` and ``dcols = W^T G`` (BLAS GEMMs, which split work over output
-    blocks: each entry is one dot product in BLAS's fixed order, independent of the
-    thread count), and ``dx = col2im(dcols)`` (a Numba kernel parallel over ``(n, c)``
+    ``dw = G cols^T`` and ``dcols = W^T G`` (the library's GEMM: each entry one fma chain
+    over ``(n, o)`` resp. ``co'`` in order, the same bits on every CPU), and ``dx = col2im(dcols)`` (a Numba kernel parallel over ``(n, c)``
     planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
     """
     from .._kernels.backward import channels_first, col2im, im2col, sized
@@ -220,17 +220,17 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
         dw = np.empty((Cout, Cg * KK))
         for gi in range(groups):
             rows = slice(gi * Cog, (gi + 1) * Cog)
-            dw[rows] = _blas.matmul(G[rows], cols[gi * Cg * KK:(gi + 1) * Cg * KK].T)
+            dw[rows] = matmul_nd(G[rows], cols[gi * Cg * KK:(gi + 1) * Cg * KK].T)
         gw = dw.reshape(w_shape)
     if need_x:
         w2 = w.reshape(Cout, Cg * KK)
         if groups == 1:
-            dcols = _blas.matmul(w2.T, G)
+            dcols = matmul_nd(w2.T, G)
         else:
             dcols = np.empty((C * KK, N * P))
             for gi in range(groups):
                 rows = slice(gi * Cog, (gi + 1) * Cog)
-                dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = _blas.matmul(w2[rows].T, G[rows])
+                dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = matmul_nd(w2[rows].T, G[rows])
         dx = np.empty(xs)
         if dx.size:
             sized(col2im, dcols.size)(_ro(_c(dcols)), *geo, _w5(dx))

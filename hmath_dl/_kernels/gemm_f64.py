@@ -1,0 +1,218 @@
+"""The library's own float64 GEMM: one fused-multiply-add chain per output, in a fixed
+order, on every CPU.
+
+Specification (every path below computes exactly this)::
+
+    c[m, n] = fma(a[m, K-1], b[K-1, n], ... fma(a[m, 1], b[1, n], fma(a[m, 0], b[0, n], 0.0)))
+
+i.e. the terms ``k = 0 .. K-1`` in order, one rounding per term, from ``+0.0``.  No BLAS:
+the bits depend neither on the thread count nor on the instruction set nor on a BLAS
+build.
+
+* :func:`gemm_tiled` (register-tiled, when the machine policy has tiles): BLIS's loop
+  nest -- column panels and row panels in parallel, then K in chunks of ``KC`` terms,
+  then 6-row blocks of the packed ``a``, then tiles of ``VW*V`` columns
+  (:func:`._simd._make_micro_acc`: 6 x 4 zmm accumulators on AVX-512, 6 x 2 ymm on AVX2),
+  each tile's chain continuing in ``c`` from chunk to chunk (exactly one chain);
+* :func:`gemm_rows` (portable): per output row, ``c_row = fma(a[m, k], b[k, :], c_row)``
+  for k in order -- the same chains, vectorised across columns by the compiler.
+"""
+
+import numpy as np
+from numba import prange
+
+from ._jit import helper, kernel
+from ._simd import _ROW_MAXV, _VW, _fma, _make_micro_acc
+
+_CB = 6                     # rows of a per register block
+_KC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b (KC x T) fits L1
+_NC = 64 * _VW              # columns per parallel panel (512 on AVX-512, 256 on AVX2)
+_MC = 16 * _CB              # rows per parallel panel (96)
+
+_T = _ROW_MAXV * _VW         # columns per register tile (32 on AVX-512, 8 on AVX2)
+_micro = _make_micro_acc(_CB, _ROW_MAXV)
+
+
+@kernel
+def gemm_tiled(apk, bpk, c, K, Np):
+    """``c [Mp, Np] = a @ b`` by the specification above, ``c`` zero on entry.
+
+    ``apk`` is ``a [Mp, K]`` packed as ``[Mp/6, K, 6]`` (zero rows pad ``Mp`` to a multiple
+    of 6), ``bpk`` is ``b [K, Np]`` packed as ``[Np/T, K, T]`` (T = the tile width, zero
+    columns pad ``Np`` to a multiple of T), so both operands stream contiguously; flat
+    C-contiguous float64.  Parallel over (row panel, column panel) pairs; each output's
+    chain runs in one iteration, chunk after chunk in k order."""
+    Mp = c.shape[0] // Np if Np > 0 else 0
+    nmb = Mp // _CB
+    bpp = _MC // _CB
+    tpp = _NC // _T
+    pm = (nmb + bpp - 1) // bpp
+    ntile = Np // _T
+    pn = (ntile + tpp - 1) // tpp
+    for t in prange(pm * pn):
+        im = t // pn
+        jn = t % pn
+        b0 = im * bpp
+        b1 = min(nmb, b0 + bpp)
+        t0 = jn * tpp
+        t1 = min(ntile, t0 + tpp)
+        for k0 in range(0, K, _KC):
+            nk = min(_KC, K - k0)
+            # BLIS's order: one tile's chunk of b (KC x T, in L1) meets every 6-row block of
+            # the panel's chunk of a (from L2), then the next tile
+            for tile in range(t0, t1):
+                bbase = (tile * K + k0) * _T
+                for blk in range(b0, b1):
+                    _micro(bpk, bbase, _T, apk, (blk * K + k0) * _CB, nk, c,
+                           blk * _CB * Np + tile * _T, Np)
+
+
+@kernel
+def gemm_rows(a, b, c):
+    """``c [M, N] = a [M, K] @ b [K, N]`` by the specification above (portable: the chain
+    of each output advances one term per pass over its row); ``c`` is overwritten."""
+    M, K = a.shape
+    N = b.shape[1]
+    for m in prange(M):
+        row = c[m]
+        for n in range(N):
+            row[n] = 0.0
+        for k in range(K):
+            am = a[m, k]
+            br = b[k]
+            for n in range(N):
+                row[n] = _fma(am, br[n], row[n])
+
+
+@helper
+def _pack_b(b, bpk, K):
+    """``b [K, N]`` -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past N."""
+    N = b.shape[1]
+    ntile = bpk.shape[0] // (K * _T) if K > 0 else 0
+    for tile in range(ntile):
+        n0 = tile * _T
+        w = min(_T, N - n0)
+        for k in range(K):
+            base = (tile * K + k) * _T
+            br = b[k]
+            for i in range(w):
+                bpk[base + i] = br[n0 + i]
+            for i in range(w, _T):
+                bpk[base + i] = 0.0
+
+
+@helper
+def _pack_bt(bt, bpk, K):
+    """``bt [N, K]`` (b transposed) -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past
+    N; reads ``bt`` row by row (no transposed copy of b first)."""
+    N = bt.shape[0]
+    ntile = bpk.shape[0] // (K * _T) if K > 0 else 0
+    for tile in range(ntile):
+        n0 = tile * _T
+        w = min(_T, N - n0)
+        base = tile * K * _T
+        for i in range(w):
+            r = bt[n0 + i]
+            for k in range(K):
+                bpk[base + k * _T + i] = r[k]
+        for i in range(w, _T):
+            for k in range(K):
+                bpk[base + k * _T + i] = 0.0
+
+
+@helper
+def _pack_a(a, apk, K):
+    """``a [M, K]`` -> ``apk [ceil(M/6), K, 6]`` (flat), zero rows past M."""
+    M = a.shape[0]
+    nmb = apk.shape[0] // (K * _CB) if K > 0 else 0
+    for blk in range(nmb):
+        for k in range(K):
+            base = (blk * K + k) * _CB
+            for j in range(_CB):
+                m = blk * _CB + j
+                apk[base + j] = a[m, k] if m < M else 0.0
+
+
+_SERIAL_FMAS = 1 << 21      # below this many multiply-adds one thread does it (~0.2 ms)
+
+
+def matmul(a, b, out=None, tiled=None):
+    """``a [M, K] @ b [K, N]`` by the specification of this module (plain Python launcher:
+    ``a``, ``b`` 2-D float64; returns a new C-contiguous ``[M, N]`` array, or fills
+    ``out``).  ``tiled`` forces the path (None: the machine policy decides)."""
+    from ._cpu import machine
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    M, K = a.shape
+    N = b.shape[1]
+    # b given as the transpose of a C-contiguous array (w.T in dense, cols.T in the
+    # convolution gradient): pack from that array's rows instead of copying b first
+    bt = b.T if (not b.flags.c_contiguous and b.T.flags.c_contiguous) else None
+    if bt is None and not b.flags.c_contiguous:
+        b = np.ascontiguousarray(b)
+    if out is None:
+        out = np.empty((M, N), dtype=np.float64)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        out[...] = 0.0
+        return out
+    if tiled is None:
+        tiled = machine().tiled and M >= _CB      # fewer rows: packing b costs the product
+    small = M * N * K < _SERIAL_FMAS
+    if not tiled:
+        if bt is not None:
+            b = np.ascontiguousarray(b)
+        k = gemm_rows.serial if small else gemm_rows
+        if out.flags.c_contiguous:
+            k(a, b, out)
+        else:
+            tmp = np.empty((M, N))
+            k(a, b, tmp)
+            out[...] = tmp
+        return out
+    Mp = -(-M // _CB) * _CB
+    Np = -(-N // _T) * _T
+    apk = np.empty((Mp // _CB) * K * _CB)
+    _pack_a(a, apk, K)
+    bpk = np.empty((Np // _T) * K * _T)
+    if bt is not None:
+        _pack_bt(bt, bpk, K)
+    else:
+        _pack_b(b, bpk, K)
+    direct = Mp == M and Np == N and out.flags.c_contiguous
+    c = out if direct else np.empty((Mp, Np))
+    c[...] = 0.0
+    (gemm_tiled.serial if small else gemm_tiled)(apk, bpk, c.reshape(-1), K, Np)
+    if not direct:
+        out[...] = c[:M, :N]
+    return out
+
+
+def matmul_nd(a, b, out=None):
+    """``numpy.matmul(a, b)`` semantics (1-D operands promoted and squeezed, leading batch
+    axes broadcast) with every 2-D product by :func:`matmul`: the same bits on every CPU,
+    for any thread count.  Returns a new float64 array, or fills ``out``."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    M, K = a2.shape[-2:]
+    N = b2.shape[-1]
+    res = np.empty(batch + (M, N), dtype=np.float64)
+    if batch:
+        ab = np.broadcast_to(a2, batch + (M, K))
+        bb = np.broadcast_to(b2, batch + (K, N))
+        for idx in np.ndindex(*batch):
+            matmul(ab[idx], bb[idx], out=res[idx])
+    else:
+        matmul(a2, b2, out=res)
+    if a.ndim == 1:
+        res = res[..., 0, :]
+    if b.ndim == 1:
+        res = res[..., 0]
+    if out is None:
+        return np.ascontiguousarray(res)
+    out[...] = res
+    return out

@@ -1,0 +1,106 @@
+"""The library's own float64 GEMM (issue 14 item 4): every output one fma chain over k in
+order from +0.0, on every path (register-tiled, portable rows, serial twins), every
+shape remainder, and in `dense`, the autodiff's `@` and the dense/convolution gradients."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hmath_dl import autodiff as ad
+from hmath_dl._kernels import gemm_f64 as G
+from hmath_dl.layers import dense
+from tests.helpers import ROOT
+from tests.reference import gemm as ref
+
+
+def _rnd(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+@settings(max_examples=40, deadline=None)
+@given(M=st.integers(1, 20), K=st.integers(0, 40), N=st.integers(1, 45), seed=st.integers(0, 99))
+def test_every_path_equals_the_fma_chain_oracle(M, K, N, seed):
+    a, b = _rnd((M, K), seed), _rnd((K, N), seed + 1)
+    want = ref.matmul_2d(a, b).tobytes()
+    assert G.matmul(a, b, tiled=False).tobytes() == want
+    assert G.matmul(a, b, tiled=True).tobytes() == want
+
+
+@pytest.mark.parametrize("M,K,N", [(6, 300, 32), (13, 257, 33), (97, 130, 300), (200, 600, 70)])
+def test_tiled_parallel_serial_and_rows_agree(M, K, N):
+    """Shapes past one K chunk, one row panel and one column panel (parallel kernel) agree
+    with the serial twin and the portable kernel, bit for bit."""
+    a, b = _rnd((M, K), 1), _rnd((K, N), 2)
+    tiled = G.matmul(a, b, tiled=True)
+    assert tiled.tobytes() == G.matmul(a, b, tiled=False).tobytes()
+    old = G._SERIAL_FMAS
+    try:
+        G._SERIAL_FMAS = 1 << 62          # everything serial
+        assert G.matmul(a, b, tiled=True).tobytes() == tiled.tobytes()
+        G._SERIAL_FMAS = 0                # everything parallel
+        assert G.matmul(a, b, tiled=True).tobytes() == tiled.tobytes()
+    finally:
+        G._SERIAL_FMAS = old
+    assert np.allclose(tiled, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_dense_is_the_chain_then_the_bias():
+    x, w, b = _rnd((7, 19), 3), _rnd((11, 19), 4), _rnd(11, 5)
+    want = ref.matmul_2d(x, w.T) + b
+    assert dense(x, w, b).tobytes() == want.tobytes()
+    x3 = _rnd((2, 3, 19), 6)
+    assert dense(x3, w, None).tobytes() == ref.matmul(x3, w.T).tobytes()
+
+
+def test_dense_gradients_use_the_same_chains():
+    from hmath_dl.layers import dense_ad
+    x, w, b = _rnd((5, 9), 7), _rnd((4, 9), 8), _rnd(4, 9)
+    xv, wv, bv = ad.variable(x), ad.variable(w), ad.variable(b)
+    g = _rnd((5, 4), 10)
+    gx, gw, gb = ad.gradients(dense_ad(xv, wv, bv), [xv, wv, bv], cotangent=g)
+    assert gx.tobytes() == ref.matmul_2d(g, w).tobytes()
+    assert gw.tobytes() == ref.matmul_2d(g.T, x).tobytes()
+
+
+def test_signed_zeros_and_empty_inner_dimension():
+    a = np.array([[-0.0, 1.0]])
+    b = np.array([[1.0], [-0.0]])
+    got = G.matmul(a, b, tiled=True)
+    assert got.tobytes() == ref.matmul_2d(a, b).tobytes()
+    assert G.matmul(np.ones((3, 0)), np.ones((0, 4))).tobytes() == np.zeros((3, 4)).tobytes()
+
+
+def test_same_bits_compiled_for_avx2_and_baseline():
+    code = textwrap.dedent("""
+        import hashlib, sys
+        import numpy as np
+        from hmath_dl._kernels import gemm_f64 as G
+        h = hashlib.sha256()
+        for M, K, N in [(1, 5, 3), (7, 300, 33), (64, 129, 100), (130, 64, 257)]:
+            a = np.random.default_rng(M).standard_normal((M, K))
+            b = np.random.default_rng(N).standard_normal((K, N))
+            h.update(G.matmul(a, b).tobytes())
+        print(h.hexdigest())
+    """)
+
+    def run(**extra):
+        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "HMATH_DL_KERNELS")}
+        env.update(extra, PYTHONPATH=ROOT)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+    host = run()
+    assert run(NUMBA_CPU_NAME="generic") == host
+    assert run(HMATH_DL_KERNELS="portable") == host
+    import llvmlite.binding as llb
+    feats = llb.get_host_cpu_features()
+    if not (feats.get("avx2") and feats.get("fma")):
+        pytest.skip("host cannot execute AVX2 code (haswell target not run)")
+    assert run(NUMBA_CPU_NAME="haswell") == host
