@@ -529,7 +529,9 @@ def main(argv=None):
                          "runtime, initialised with torch's settings)")
     ap.add_argument("--isa", choices=("host", "avx2"), default="host",
                     help="avx2: both workers run AVX2 code on an AVX-512 host (numba "
-                         "NUMBA_CPU_NAME=haswell, OpenBLAS Haswell kernels, torch "
+                         "NUMBA_CPU_NAME=haswell with haswell's NUMBA_CPU_FEATURES -- the "
+                         "name alone keeps the host's features --, OpenBLAS Haswell "
+                         "kernels, torch "
                          "ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2 -- MKL "
                          "ignores ATEN's setting)")
     ap.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)
@@ -545,7 +547,8 @@ def main(argv=None):
         import subprocess
         env = dict(os.environ)
         if args.isa == "avx2":
-            env.update(NUMBA_CPU_NAME="haswell", OPENBLAS_CORETYPE="Haswell",
+            from hmath_dl._kernels._cpu import target_environment
+            env.update(target_environment("haswell"), OPENBLAS_CORETYPE="Haswell",
                        ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
         procs = {role: subprocess.Popen([sys.executable, os.path.abspath(__file__),
                                          "--worker", role], env=env,

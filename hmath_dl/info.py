@@ -6,7 +6,11 @@ kernel), the machine policy the kernels follow and where compiled kernels are ca
     hmath_dl 0.1.0 | numba 0.68.1 | threading tbb, 2 threads | kernels avx512 (...) | cache ...
 
 ``--config`` adds a second line with every ``HMATH_DL_*`` variable in force
-(:mod:`hmath_dl.config`).
+(:mod:`hmath_dl.config`).  ``--env haswell`` (or ``generic``) prints, instead, the
+``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` assignments that make numba compile AVX2 (or
+baseline x86-64) code on this host -- ``NUMBA_CPU_NAME`` alone keeps the host's features::
+
+    env $(python -m hmath_dl.info --env haswell) python my_benchmark.py
 """
 
 from __future__ import annotations
@@ -43,10 +47,20 @@ def info_line() -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--env" in argv[:-1]:
+        return env_main(argv[argv.index("--env") + 1])
     print(info_line())
     if "--config" in argv:
         from . import config
         print(config.describe())
+    return 0
+
+
+def env_main(name) -> int:
+    """``--env haswell|generic``: shell assignments that compile for that level."""
+    from ._kernels._cpu import target_environment
+    for k, v in target_environment(name).items():
+        print(f"{k}={v}")
     return 0
 
 

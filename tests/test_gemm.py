@@ -90,17 +90,19 @@ def test_same_bits_compiled_for_avx2_and_baseline():
     """)
 
     def run(**extra):
-        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "HMATH_DL_KERNELS")}
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "HMATH_DL_KERNELS")}
         env.update(extra, PYTHONPATH=ROOT)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, timeout=900)
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
+    from hmath_dl._kernels._cpu import target_environment
     host = run()
-    assert run(NUMBA_CPU_NAME="generic") == host
+    assert run(**target_environment("generic")) == host
     assert run(HMATH_DL_KERNELS="portable") == host
     import llvmlite.binding as llb
     feats = llb.get_host_cpu_features()
     if not (feats.get("avx2") and feats.get("fma")):
         pytest.skip("host cannot execute AVX2 code (haswell target not run)")
-    assert run(NUMBA_CPU_NAME="haswell") == host
+    assert run(**target_environment("haswell")) == host

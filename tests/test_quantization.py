@@ -27,15 +27,15 @@ ASYM = Quantization.ASYMMETRIC
 TINY = ref.TINY
 
 # Both GEMM kernels are exercised: the VNNI one only where the CPU has it.
-KERNELS = [pytest.param(False, id="portable")]
-if qmod._want_vnni():
-    KERNELS.append(pytest.param(True, id="vnni"))
+# Every GEMM path this machine runs is exercised (tests/test_gemm_paths.py holds them to
+# the portable path's bytes); the fixture forces one through the facade's switch.
+KERNELS = [pytest.param(p, id=p) for p in qmod.gemm_paths()]
 
 
 @pytest.fixture(params=KERNELS)
-def kernel(request, monkeypatch):
-    monkeypatch.setattr(qmod, "_USE_VNNI", request.param)
-    return request.param
+def kernel(request):
+    with qmod.forced_gemm_path(request.param):
+        yield request.param
 
 
 def _raises(exc, fname, fn, *args, **kwargs):
@@ -386,12 +386,8 @@ def test_int8_gemm_matches_oracle(use_vnni, m, k, n, mode_a, mode_b, axis_a, axi
         xa[rng.integers(0, m)] = 0.0
     a = quantize(mode_a, axis_a, xa)
     b = quantize(mode_b, axis_b, xb)
-    old = qmod._USE_VNNI
-    qmod._USE_VNNI = use_vnni
-    try:
+    with qmod.forced_gemm_path(use_vnni):
         got = int8_gemm(a, b)
-    finally:
-        qmod._USE_VNNI = old
     want = _gemm_oracle(a, b)
     assert got.dtype == np.float64 and got.shape == (m, n) and got.flags.c_contiguous
     assert got.tobytes() == want.tobytes()
@@ -609,7 +605,8 @@ def test_kernel_selection_overrides(monkeypatch):
     assert qmod._want_vnni() is False
     monkeypatch.setattr(hconfig, "KERNELS", "")
     from numba.core import config
-    monkeypatch.setattr(config, "CPU_NAME", "generic", raising=False)
-    monkeypatch.setattr(config, "CPU_FEATURES", None, raising=False)
+    env = _cpu.target_environment("generic")
+    monkeypatch.setattr(config, "CPU_NAME", env["NUMBA_CPU_NAME"], raising=False)
+    monkeypatch.setattr(config, "CPU_FEATURES", env["NUMBA_CPU_FEATURES"], raising=False)
     assert _cpu._read(False).avx512_vnni is False
     assert _cpu._read(False).tiled is False

@@ -80,11 +80,12 @@ def _run(**env_extra):
 def test_every_path_gives_the_same_bits_on_every_target():
     host_isa, host = _run()
     portable_isa, portable = _run(HMATH_DL_KERNELS="portable")
-    generic_isa, generic = _run(NUMBA_CPU_NAME="generic")
+    from hmath_dl._kernels._cpu import target_environment
+    generic_isa, generic = _run(**target_environment("generic"))
     assert portable_isa == "portable" and generic_isa == "portable"
     assert host == portable == generic
     if _host_has("avx2") and _host_has("fma"):
-        avx2_isa, avx2 = _run(NUMBA_CPU_NAME="haswell")
+        avx2_isa, avx2 = _run(**target_environment("haswell"))
         assert avx2_isa == "avx2"
         assert avx2 == host
     else:
@@ -93,22 +94,27 @@ def test_every_path_gives_the_same_bits_on_every_target():
 
 
 def test_machine_policy_follows_numbas_target(monkeypatch):
+    """The policy describes what numba compiles for: NUMBA_CPU_FEATURES when set, else the
+    host's features (numba keeps them even with a NUMBA_CPU_NAME)."""
     from numba.core import config
 
     from hmath_dl._kernels import _cpu
-    monkeypatch.setattr(config, "CPU_FEATURES", None, raising=False)
-    for name, isa, lanes, regs in [("haswell", "avx2", 4, 16), ("znver3", "avx2", 4, 16),
-                                   ("skylake-avx512", "avx512", 8, 32),
-                                   ("generic", "portable", 2, 16),
-                                   ("some-future-cpu", "portable", 2, 16)]:
-        monkeypatch.setattr(config, "CPU_NAME", name, raising=False)
+    if _cpu._arch() != "x86_64":
+        pytest.skip("x86 feature strings")
+    for level, isa, lanes, regs in [("haswell", "avx2", 4, 16), ("generic", "portable", 2, 16)]:
+        env = _cpu.target_environment(level)
+        monkeypatch.setattr(config, "CPU_NAME", env["NUMBA_CPU_NAME"], raising=False)
+        monkeypatch.setattr(config, "CPU_FEATURES", env["NUMBA_CPU_FEATURES"], raising=False)
         m = _cpu._read(False)
-        if m.arch != "x86_64":
-            pytest.skip("x86 CPU names")
-        assert (m.isa, m.f64_lanes, m.vector_registers) == (isa, lanes, regs), name
-        assert _cpu._read(True).isa == "portable"
-        assert _cpu._read(True).tiled is False
-    monkeypatch.setattr(config, "CPU_NAME", None, raising=False)
+        assert (m.isa, m.f64_lanes, m.vector_registers) == (isa, lanes, regs), level
+        assert not m.avx512_vnni and not m.has("avx512f")
+        assert _cpu._read(True).isa == "portable" and _cpu._read(True).tiled is False
+    monkeypatch.setattr(config, "CPU_NAME", "some-future-cpu", raising=False)
+    monkeypatch.setattr(config, "CPU_FEATURES", None, raising=False)
+    assert _cpu._read(False).features == _cpu._host_features()
     monkeypatch.setattr(config, "CPU_FEATURES", "+avx,+avx2,+fma,-avx512f", raising=False)
     assert _cpu._read(False).isa == "avx2"
-    assert _cpu._read(False).avx512_vnni is False
+    monkeypatch.setattr(config, "CPU_FEATURES", "+sse2,-avx2", raising=False)
+    assert _cpu._read(False).isa == "portable"
+    with pytest.raises(ValueError, match="unknown target level"):
+        _cpu.target_environment("pentium")

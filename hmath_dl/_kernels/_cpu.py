@@ -10,38 +10,22 @@ anything.
 ``HMATH_DL_KERNELS=portable`` (read once, with the rest of the configuration) forces the
 portable kernels everywhere: same bits, plainer code -- for tests and bug reports.
 
-The description errs on the side of the portable path: a CPU name this module does not
-know is described by its architecture's baseline (x86-64: SSE2, 2 float64 lanes, 16
-registers, no FMA), so no instruction the target may lack is ever emitted.  Every path
+The description follows numba exactly: the features are ``NUMBA_CPU_FEATURES`` when set,
+else the host's (numba keeps the host's features even with a ``NUMBA_CPU_NAME``), so the
+policy never assumes an instruction the compiled code may not have, nor misses one it has.
+On a target without AVX2+FMA (aarch64, baseline x86-64) the portable kernels run.
+:func:`target_environment` gives the variables that compile for AVX2 or baseline x86-64
+on a bigger host.  Every path
 computes the same terms in the same order, so the choice changes speed, never bits.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["Machine", "machine", "describe"]
-
-# x86 CPU names (LLVM's) by micro-architecture level; a name not listed is taken as
-# baseline x86-64.  v3 = AVX2 + FMA + F16C + BMI, v4 = v3 + AVX-512 F/BW/CD/DQ/VL.
-_V3 = {"haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake",
-       "arrowlake", "arrowlake-s", "lunarlake", "gracemont", "znver1", "znver2", "znver3",
-       "x86-64-v3", "bdver4"}
-_V4 = {"skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
-       "icelake-server", "rocketlake", "tigerlake", "sapphirerapids", "emeraldrapids",
-       "graniterapids", "graniterapids-d", "diamondrapids", "znver4", "znver5",
-       "x86-64-v4", "knl", "knm"}
-_V4_VNNI = {"cascadelake", "cooperlake", "icelake-client", "icelake-server", "rocketlake",
-            "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids",
-            "graniterapids-d", "diamondrapids", "znver4", "znver5"}
-_V4_BF16 = {"cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids",
-            "graniterapids-d", "diamondrapids", "znver4", "znver5"}
-_V3_FEATURES = ("avx", "avx2", "fma", "f16c")
-_V4_FEATURES = _V3_FEATURES + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
-
+__all__ = ["Machine", "machine", "describe", "target_environment"]
 
 @dataclass(frozen=True)
 class Machine:
@@ -133,47 +117,63 @@ def _parse_features(text: str):
     return frozenset(f[1:] for f in text.split(",") if f.startswith("+"))
 
 
-def _level_features(cpu: str):
-    if cpu in _V4:
-        f = set(_V4_FEATURES)
-        if cpu in _V4_VNNI:
-            f.add("avx512vnni")
-        if cpu in _V4_BF16:
-            f.add("avx512bf16")
-        return frozenset(f)
-    if cpu in _V3:
-        return frozenset(_V3_FEATURES)
-    return frozenset()
-
-
 def _arch() -> str:
     m = platform.machine().lower()
     return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
+def _host_features():
+    import llvmlite.binding as llb
+    return frozenset(k for k, v in llb.get_host_cpu_features().items() if v)
+
+
 def _read(portable: bool) -> Machine:
+    """Describe what numba compiles for, exactly as numba decides it: the CPU name is
+    ``NUMBA_CPU_NAME`` or the host's, the features ``NUMBA_CPU_FEATURES`` or -- even when
+    only a CPU name is given -- the HOST's (numba passes the host feature string along
+    with any ``NUMBA_CPU_NAME``; to compile for e.g. AVX2 on an AVX-512 host set both, see
+    :func:`target_environment`)."""
     from numba.core import config
     arch = _arch()
     cpu_name = getattr(config, "CPU_NAME", None)
     cpu_features = getattr(config, "CPU_FEATURES", None)
-    if cpu_features:
-        feats = _parse_features(cpu_features)
-        src = "NUMBA_CPU_FEATURES"
-        cpu = cpu_name or "host"
-    elif cpu_name:
-        cpu = cpu_name
-        src = "NUMBA_CPU_NAME"
-        if cpu == "host":
-            import llvmlite.binding as llb
-            feats = frozenset(k for k, v in llb.get_host_cpu_features().items() if v)
-        else:
-            feats = _level_features(cpu)
+    if cpu_name:
+        cpu, src = cpu_name, "NUMBA_CPU_NAME"
     else:
         import llvmlite.binding as llb
-        cpu = llb.get_host_cpu_name()
-        src = "host"
-        feats = frozenset(k for k, v in llb.get_host_cpu_features().items() if v)
+        cpu, src = llb.get_host_cpu_name(), "host"
+    if cpu_features:
+        feats = _parse_features(cpu_features)
+        src += " + NUMBA_CPU_FEATURES"
+    else:
+        feats = _host_features()
     return Machine(arch=arch, cpu=cpu, source=src, features=feats, portable=portable)
+
+
+#: LLVM features of the x86-64 micro-architecture levels used to compile for a CPU this
+#: host can execute: baseline x86-64 ("generic") and x86-64-v3 (AVX2 + FMA, "haswell").
+_BASELINE = ("64bit", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
+_LEVEL_FEATURES = {
+    "generic": _BASELINE,
+    "haswell": _BASELINE + ("avx", "avx2", "bmi", "bmi2", "cx16", "f16c", "fma", "lzcnt",
+                            "movbe", "popcnt", "sahf", "sse3", "sse4.1", "sse4.2", "ssse3",
+                            "xsave"),
+}
+
+
+def target_environment(name: str) -> dict:
+    """``{"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": ...}`` that make numba compile
+    for ``name`` (``"haswell"``: AVX2 + FMA, 16 ymm registers; ``"generic"``: baseline
+    x86-64) on this host: every host feature outside that level is switched off
+    explicitly (``NUMBA_CPU_NAME`` alone keeps the host's features).  For tests and
+    benchmarks in a separate process; the host must be able to run the level."""
+    if name not in _LEVEL_FEATURES:
+        raise ValueError(f"unknown target level {name!r} (expected one of "
+                         f"{sorted(_LEVEL_FEATURES)})")
+    keep = set(_LEVEL_FEATURES[name])
+    feats = sorted(keep | _host_features())
+    text = ",".join(("+" if f in keep else "-") + f for f in feats)
+    return {"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": text}
 
 
 @lru_cache(maxsize=None)

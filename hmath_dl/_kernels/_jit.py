@@ -20,6 +20,8 @@ parent's thread pool.  Both compilations sum in the same fixed order, so they gi
 same bits.
 """
 
+import hashlib
+import os
 import types
 
 from numba import njit
@@ -29,6 +31,66 @@ from .. import _threads
 __all__ = ["kernel", "helper", "Kernel", "CACHE_ENABLED"]
 
 from ..config import CACHE_ENABLED  # noqa: E402  (HMATH_DL_NO_CACHE)
+
+
+# --------------------------------------------------------------------------- cache key
+# Numba re-validates a cached kernel against its own source file only.  Our kernels also
+# bake in constants and IR emitters from other modules (the tile shapes of _simd.py, the
+# machine policy of _cpu.py, helpers of sibling kernel files): an edit there would leave
+# stale machine code in the cache (e.g. a tile width that no longer matches the facade's
+# buffers).  So every hmath_dl kernel's cache stamp also covers the contents of every
+# module in this package and of config.py.
+_PKG = os.path.dirname(os.path.abspath(__file__))
+_DEPS_STAMP = None
+
+
+def _deps_stamp():
+    global _DEPS_STAMP
+    if _DEPS_STAMP is None:
+        h = hashlib.sha256()
+        files = sorted(f for f in os.listdir(_PKG) if f.endswith(".py"))
+        for name in files:
+            with open(os.path.join(_PKG, name), "rb") as fh:
+                h.update(name.encode() + b"\0" + fh.read())
+        with open(os.path.join(os.path.dirname(_PKG), "config.py"), "rb") as fh:
+            h.update(fh.read())
+        _DEPS_STAMP = h.hexdigest()
+    return _DEPS_STAMP
+
+
+def _install_cache_locators():
+    """Put, in front of numba's cache locators, subclasses of its source-file locators that
+    apply to hmath_dl's kernel files only and add :func:`_deps_stamp` to the source stamp.
+    Other packages' functions are unaffected (the subclasses decline them)."""
+    try:
+        from numba.core import caching
+        impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl   # 0.59: private
+        bases = list(impl._locator_classes)
+    except (ImportError, AttributeError):  # pragma: no cover - a numba without them
+        return
+    if getattr(impl, "_hmath_dl_locators", False):
+        return
+    ours = []
+    for base in bases:
+        if "IPython" in base.__name__ or "Zip" in base.__name__:
+            continue
+
+        def from_function(cls, py_func, py_file, _base=base):
+            if not os.path.abspath(py_file).startswith(_PKG + os.sep):
+                return None
+            return _base.from_function.__func__(cls, py_func, py_file)
+
+        def get_source_stamp(self, _base=base):
+            return (_base.get_source_stamp(self), _deps_stamp())
+
+        ours.append(type("HmathDL" + base.__name__.lstrip("_"), (base,), {
+            "from_function": classmethod(from_function),
+            "get_source_stamp": get_source_stamp}))
+    impl._locator_classes = ours + bases
+    impl._hmath_dl_locators = True
+
+
+_install_cache_locators()
 
 
 def _jit(fn, parallel):

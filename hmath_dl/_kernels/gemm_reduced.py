@@ -17,7 +17,7 @@ arithmetic throughput.  The facade proves exactness from the operands' magnitude
 Blocking (the k order of every output is unchanged by it): ``b`` is packed into panels of
 ``NR = 16*NV`` columns (``bp[k, c] = b[k, jb*NR + c]``, zero-padded); ``a`` is read in
 place, ``MR`` rows at a time.  The micro-kernel keeps an
-``MR x NR`` tile of accumulators in ``MR*NV`` 16-lane vector registers and runs k from 0
+``MR x NR`` tile of accumulators in ``MR*NV`` vector registers and runs k from 0
 to K-1 inside, so every output sees exactly the sequence of the specification.  Work is
 split over (panel, row-block) tiles: results are bitwise identical for any thread count.
 """
@@ -28,11 +28,18 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import _cpu
 from ._jit import helper, kernel
 
+# Tile shape from the numba TARGET (never the HMATH_DL_KERNELS override: the on-disk cache
+# key covers the target only).  AVX-512: 6 x 4 vectors of 16 float32 (24 zmm accumulators);
+# otherwise 6 x 2 vectors of 8 (12 ymm accumulators of AVX2's 16 registers; 16-lane
+# vectors there would be split into 48 ymm halves and spill).  The tile shape changes
+# which outputs share a micro-kernel call, never an output's sequence of operations.
+_WIDE = _cpu.machine().has("avx512f")
 MR = 6                # rows per micro-tile
-NV = 4                # 16-lane vectors per micro-tile row
-LANES = 16
+NV = 4 if _WIDE else 2     # vectors per micro-tile row
+LANES = 16 if _WIDE else 8
 NR = NV * LANES       # columns per micro-tile
 MIN_TASKS = 8         # split the rows when there are fewer column panels than this
 MIN_GROUP = 16        # but keep at least this many row blocks per task
@@ -82,7 +89,7 @@ def _codegen(fused):
         mask0 = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
         undef_vec = ir.Constant(vec, ir.Undefined)
         fma_fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32")
+            builder.module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v%df32" % LANES)
 
         entry = builder.basic_block
         loop = builder.append_basic_block("mk_loop")

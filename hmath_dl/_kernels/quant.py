@@ -34,6 +34,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import _cpu
 from ._jit import helper, kernel
 
 _CHUNK = 8192                 # flat elements per parallel chunk (quantize / dequantize)
@@ -623,3 +624,535 @@ def gemm_vnni(ap, bp, m, n, kk, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_ac
                             bf = min(bf, i * n + j)
         bad_acc[task] = ba
         bad_fin[task] = bf
+
+
+# --------------------------------------------------------------------------- GEMM: int16 pairs
+# Register-tiled int8 GEMM for AVX2 (and AVX-512 without VNNI): the int8 operands are
+# widened to int16 and multiplied in pairs of consecutive k by ``vpmaddwd``
+# (``llvm.x86.avx2.pmadd.wd``: 16 x i16 times 16 x i16 -> 8 x i32, each lane
+# ``a[2l] * b[2l] + a[2l+1] * b[2l+1]``; ``llvm.x86.avx512.pmaddw.d.512`` with AVX-512BW).
+# ``vpmaddwd`` never saturates: it wraps only when all four inputs of a lane are -32768,
+# and ours lie in [-128, 127].  No ``vpmaddubsw`` (it saturates to int16).
+#
+# Exactness.  Both operands are the raw signed values ``qa, qb`` in [-128, 127], so every
+# product has ``|qa * qb| <= 128 * 128 = 2**14`` and a lane after ``q`` pairs holds at most
+# ``2 * q * 2**14`` in magnitude.  A chunk of at most ``_WD_KCHUNK_Q = 32768`` pairs
+# (65536 terms) keeps every partial sum within ``65536 * 2**14 = 2**30 < 2**31``: the
+# int32 lanes never wrap.  Chunks are combined in int64; then ``_finish``'s formula
+# ``acc = S - zb[j] * RA[i] - za[i] * CB[j] + K * za[i] * zb[j]`` (exact integers) gives
+# the same accumulator, the same refusal of int32 overflow and the same float64 result as
+# every other path.
+#
+# Everything here that shapes compiled code depends on the numba TARGET only (never on
+# HMATH_DL_KERNELS, which the facade applies at call time): the on-disk cache key covers
+# the target.  Without AVX2 the emitters write the same arithmetic in generic IR (the
+# facade does not choose these paths there, but they still compute the same integers).
+_TARGET = _cpu.machine()
+_WD_AVX2 = _TARGET.has("avx2")
+_WD_512 = _TARGET.has("avx512f", "avx512bw")
+_WL = 16 if _WD_512 else 8            # int32 lanes of one pmaddwd result
+_WD_MR = 6                            # rows per register tile
+_WD_NV = 4 if _WD_512 else 2          # vectors per tile row: 6 x 4 zmm / 6 x 2 ymm accumulators
+_WD_NR = _WD_NV * _WL                 # columns per register tile (64 / 16)
+_WD_KCHUNK_Q = 32768                  # k pairs per int32 chunk: 65536 * 2**14 = 2**30 < 2**31
+_SK_NV = 4                            # skinny path: vectors per tile row
+_SK_TW = _SK_NV * _WL                 # skinny tile width (64 / 32 columns)
+_SK_RG = 4 if _WD_512 else 3          # skinny path: rows per register tile (16 zmm / 12 ymm)
+_SK_KB = 8                            # skinny path: k pairs (row pairs of B) per tile sweep
+_SK_TASKS = 8                         # skinny path: k ranges (parallel tasks), about
+_I16V = ir.VectorType(ir.IntType(16), 2 * _WL)
+_I32V = ir.VectorType(ir.IntType(32), _WL)
+_I8V = ir.VectorType(ir.IntType(8), _WL)
+
+
+def _pmaddwd(builder, x, y):
+    """``vpmaddwd``: lane ``l`` = ``x[2l] * y[2l] + x[2l+1] * y[2l+1]`` (int16 -> int32)."""
+    if _WD_AVX2:
+        name = "llvm.x86.avx512.pmaddw.d.512" if _WD_512 else "llvm.x86.avx2.pmadd.wd"
+        fn = cgutils.get_or_insert_function(builder.module,
+                                            ir.FunctionType(_I32V, [_I16V, _I16V]), name)
+        return builder.call(fn, [x, y])
+    w = ir.VectorType(ir.IntType(32), 2 * _WL)
+    p = builder.mul(builder.sext(x, w), builder.sext(y, w))
+    undef = ir.Constant(w, ir.Undefined)
+    ev = builder.shuffle_vector(p, undef, ir.Constant(_I32V, [2 * l for l in range(_WL)]))
+    od = builder.shuffle_vector(p, undef, ir.Constant(_I32V, [2 * l + 1 for l in range(_WL)]))
+    return builder.add(ev, od)
+
+
+def _splat_pair(builder, word):
+    """The i32 ``word`` (two int16: low = even k, high = odd k) in every lane, as int16s."""
+    undef = ir.Constant(_I32V, ir.Undefined)
+    v = builder.insert_element(undef, word, ir.Constant(ir.IntType(32), 0))
+    v = builder.shuffle_vector(v, undef, ir.Constant(_I32V, [0] * _WL))
+    return builder.bitcast(v, _I16V)
+
+
+def _interleave_rows(builder, p0, p1, nv):
+    """From ``nv * _WL`` int8 of row k (``p0``) and of row k+1 (``p1``): ``nv`` int16
+    vectors, vector ``v`` = ``[b(k, vW), b(k+1, vW), b(k, vW+1), b(k+1, vW+1), ...]``."""
+    wide = ir.VectorType(ir.IntType(8), nv * _WL)
+    r0 = builder.load(builder.bitcast(p0, wide.as_pointer()), align=1)
+    r1 = builder.load(builder.bitcast(p1, wide.as_pointer()), align=1)
+    out = []
+    for v in range(nv):
+        mask = []
+        for l in range(_WL):
+            mask += [v * _WL + l, nv * _WL + v * _WL + l]
+        pair = builder.shuffle_vector(r0, r1, ir.Constant(
+            ir.VectorType(ir.IntType(32), 2 * _WL), mask))
+        out.append(builder.sext(pair, _I16V))
+    return out
+
+
+@intrinsic
+def _wd_tile(typingctx, ap, a_off, bp, b_off, nq, c):
+    """LLVM micro-kernel: ``c[r * _WD_NR + l] = sum_{q < nq} (ap-panel(q, r) . bp-panel(q,
+    l))`` for ``r < _WD_MR``, ``l < _WD_NR`` (int16 pairs -> int32 lanes, ``vpmaddwd``).
+
+    ``ap``: packed int16 A, at ``a_off`` the row block ``[nq][_WD_MR][2]``; ``bp``: packed
+    int16 B, at ``b_off`` the panel ``[nq][_WD_NR][2]``; ``c``: int32, >= _WD_MR * _WD_NR
+    entries (overwritten).  ``nq >= 1`` and ``nq <= _WD_KCHUNK_Q`` (no lane can wrap)."""
+    sig = types.void(ap, a_off, bp, b_off, nq, c)
+
+    def codegen(context, builder, signature, args):
+        ap_, a_off_, bp_, b_off_, nq_, c_ = args
+        i16 = ir.IntType(16)
+        i32 = ir.IntType(32)
+        i64 = ir.IntType(64)
+        aary = context.make_array(signature.args[0])(context, builder, ap_)
+        bary = context.make_array(signature.args[2])(context, builder, bp_)
+        cary = context.make_array(signature.args[5])(context, builder, c_)
+        abase = builder.gep(builder.bitcast(aary.data, i16.as_pointer()), [a_off_])
+        bbase = builder.gep(builder.bitcast(bary.data, i16.as_pointer()), [b_off_])
+        cbase = builder.bitcast(cary.data, i32.as_pointer())
+        pre = builder.block
+        loop = builder.append_basic_block("wd.loop")
+        done = builder.append_basic_block("wd.done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        q = builder.phi(i64)
+        q.add_incoming(ir.Constant(i64, 0), pre)
+        zero = ir.Constant(_I32V, None)
+        accs = []
+        for _ in range(_WD_MR * _WD_NV):
+            p = builder.phi(_I32V)
+            p.add_incoming(zero, pre)
+            accs.append(p)
+        boff = builder.mul(q, ir.Constant(i64, 2 * _WD_NR))
+        bvs = []
+        for v in range(_WD_NV):
+            ptr = builder.gep(bbase, [builder.add(boff, ir.Constant(i64, v * 2 * _WL))])
+            bvs.append(builder.load(builder.bitcast(ptr, _I16V.as_pointer()), align=2))
+        aw = builder.bitcast(builder.gep(abase, [builder.mul(q, ir.Constant(i64, 2 * _WD_MR))]),
+                             i32.as_pointer())
+        new = []
+        for r in range(_WD_MR):
+            word = builder.load(builder.gep(aw, [ir.Constant(i64, r)]), align=2)
+            av = _splat_pair(builder, word)
+            for v in range(_WD_NV):
+                new.append(builder.add(accs[r * _WD_NV + v], _pmaddwd(builder, av, bvs[v])))
+        qn = builder.add(q, ir.Constant(i64, 1))
+        cur = builder.block
+        q.add_incoming(qn, cur)
+        for p, nv_ in zip(accs, new):
+            p.add_incoming(nv_, cur)
+        builder.cbranch(builder.icmp_signed("<", qn, nq_), loop, done)
+        builder.position_at_end(done)
+        for r in range(_WD_MR):
+            for v in range(_WD_NV):
+                ptr = builder.gep(cbase, [ir.Constant(i64, r * _WD_NR + v * _WL)])
+                builder.store(new[r * _WD_NV + v], builder.bitcast(ptr, _I32V.as_pointer()),
+                              align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@kernel
+def pack_a_wd(qa, mp, kq, ap, ra):
+    """``ap`` (flat int16 ``[mp / _WD_MR][kq][_WD_MR][2]``) with ``ap[((rb*kq + q)*MR + r)*2
+    + t] = qa[rb*MR + r, 2q + t]`` (zero padded), written as int32 words of two int16;
+    ``ra[i]`` = the row sums of ``qa``."""
+    m, kk = qa.shape
+    nrb = mp // _WD_MR
+    kh = kk // 2
+    aw = ap.view(np.int32)
+    for rb in prange(nrb):
+        base = rb * kq * _WD_MR
+        for r in range(_WD_MR):
+            i = rb * _WD_MR + r
+            if i < m:
+                s = np.int64(0)
+                for t in range(kk):
+                    s += np.int64(qa[i, t])
+                ra[i] = s
+                for q in range(kh):
+                    lo = np.int32(qa[i, 2 * q])
+                    hi = np.int32(qa[i, 2 * q + 1])
+                    aw[base + q * _WD_MR + r] = (lo & 0xFFFF) | (hi << 16)
+                for q in range(kh, kq):
+                    aw[base + q * _WD_MR + r] = np.int32(qa[i, kk - 1]) & 0xFFFF
+            else:
+                for q in range(kq):
+                    aw[base + q * _WD_MR + r] = 0
+
+
+def _make_interleave_store(nv):
+    """Intrinsic ``(src, s_off, lds, dst, d_off)``: ``dst[d_off + 2l + t] =
+    int16(src[s_off + t * lds + l])`` for ``t < 2``, ``l < nv * _WL`` (two int8 rows ->
+    ``nv`` interleaved int16 pair vectors)."""
+
+    @intrinsic
+    def store(typingctx, src, s_off, lds, dst, d_off):
+        sig = types.void(src, s_off, lds, dst, d_off)
+
+        def codegen(context, builder, signature, args):
+            src_, s_off_, lds_, dst_, d_off_ = args
+            i8 = ir.IntType(8)
+            i16 = ir.IntType(16)
+            sary = context.make_array(signature.args[0])(context, builder, src_)
+            dary = context.make_array(signature.args[3])(context, builder, dst_)
+            p0 = builder.gep(builder.bitcast(sary.data, i8.as_pointer()), [s_off_])
+            p1 = builder.gep(p0, [lds_])
+            vs = _interleave_rows(builder, p0, p1, nv)
+            dbase = builder.gep(builder.bitcast(dary.data, i16.as_pointer()), [d_off_])
+            for v, x in enumerate(vs):
+                ptr = builder.gep(dbase, [ir.Constant(ir.IntType(64), v * 2 * _WL)])
+                builder.store(x, builder.bitcast(ptr, _I16V.as_pointer()), align=2)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return store
+
+
+_interleave_panel = _make_interleave_store(_WD_NV)
+
+
+@kernel
+def pack_b_wd(qb, qbpad, np_, kq, bp, cb):
+    """Pack ``qb`` for :func:`_wd_tile`: ``bp`` (flat int16 ``[np_ / _WD_NR][kq][_WD_NR][2]``)
+    with ``bp[((p*kq + q)*NR + c)*2 + t] = qb[2q + t, p*NR + c]``, zero padded.  ``qbpad``
+    is ``qb`` copied into ``[2 * kq, np_]`` zero-padded rows/columns (or an empty array
+    when ``qb`` needs no padding: ``K`` even and ``N`` a multiple of ``_WD_NR``).
+    ``cb[j]`` = the column sums of ``qb`` (int64)."""
+    kk, n = qb.shape
+    npanel = np_ // _WD_NR
+    padded = qbpad.shape[0] > 0
+    src = qbpad.reshape(-1) if padded else qb.reshape(-1)
+    lds = np_ if padded else n
+    for p in prange(npanel):
+        j0 = p * _WD_NR
+        for q in range(kq):
+            _interleave_panel(src, 2 * q * lds + j0, lds, bp, ((p * kq + q) * _WD_NR) * 2)
+        csum = np.zeros(_WD_NR, dtype=np.int64)
+        for t in range(kk):            # padded columns (when padded) hold zeros
+            for c in range(_WD_NR):
+                csum[c] += np.int64(src[t * lds + j0 + c])
+        for c in range(min(_WD_NR, n - j0)):
+            cb[j0 + c] = csum[c]
+
+
+_WD_TILES_PER_TASK = 8
+
+
+@kernel
+def gemm_wd(ap, bp, m, n, kk, mp, np_, kq, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
+    """Exact int8 GEMM on int16-pair packed operands (:func:`pack_a_wd`, :func:`pack_b_wd`).
+
+    Output tiles of ``_WD_MR x _WD_NR``; one parallel task = ``_WD_TILES_PER_TASK``
+    consecutive tiles (column panel major, so a task reuses its B panel).  The micro-kernel
+    yields ``S = sum_k qa qb`` exactly (chunks of at most ``_WD_KCHUNK_Q`` pairs in int32,
+    combined in int64); ``acc = S - zb[j] * ra[i] - za[i] * (cb[j] - K * zb[j])``.
+
+    For ``K <= 65536`` (one chunk) the epilogue runs in float64, which is exact there:
+    ``|S| <= K * 2**14 <= 2**30``, ``|zb[j] * ra[i]| <= 128 * 128 * K <= 2**30``,
+    ``|za[i] * (cb[j] - K * zb[j])| <= 128 * 256 * K <= 2**31``: every product and
+    partial sum is an integer below ``2**53``, so the float value is the exact integer
+    ``acc`` and ``(sa[i] * sb[j]) * acc`` the same float64 product as in ``_finish``.
+    Longer K run the int64 epilogue.
+
+    ``bad_acc[task]`` / ``bad_fin[task]``: smallest flat output index ``i * n + j`` of the
+    task whose accumulator leaves int32 / whose result is not finite (``_NO_INDEX`` if
+    none)."""
+    nrg = mp // _WD_MR
+    npanel = np_ // _WD_NR
+    kk64 = np.int64(kk)
+    ntiles = nrg * npanel
+    ntask = (ntiles + _WD_TILES_PER_TASK - 1) // _WD_TILES_PER_TASK
+    single = kq <= _WD_KCHUNK_Q
+    cbkf = np.zeros(np_, dtype=np.float64)
+    zbf = np.zeros(np_, dtype=np.float64)
+    sbp = np.zeros(np_, dtype=np.float64)
+    for j in range(n):
+        cbkf[j] = np.float64(cb[j] - kk64 * zb[j])
+        zbf[j] = np.float64(zb[j])
+        sbp[j] = sb[j]
+    for task in prange(ntask):
+        tmp = np.empty(_WD_MR * _WD_NR, dtype=np.int32)
+        acc = np.empty(_WD_MR * _WD_NR, dtype=np.int64)
+        row = np.empty(_WD_NR, dtype=np.float64)
+        ba = _NO_INDEX
+        bf = _NO_INDEX
+        for tile in range(task * _WD_TILES_PER_TASK,
+                          min(ntiles, (task + 1) * _WD_TILES_PER_TASK)):
+            p = tile // nrg
+            rg = tile % nrg
+            j0 = p * _WD_NR
+            ncol = min(_WD_NR, n - j0)
+            if single:
+                _wd_tile(ap, rg * kq * _WD_MR * 2, bp, p * kq * _WD_NR * 2, kq, tmp)
+            else:
+                for e in range(_WD_MR * _WD_NR):
+                    acc[e] = 0
+                for q0 in range(0, kq, _WD_KCHUNK_Q):
+                    nq = min(kq - q0, _WD_KCHUNK_Q)
+                    _wd_tile(ap, (rg * kq + q0) * _WD_MR * 2, bp, (p * kq + q0) * _WD_NR * 2,
+                             nq, tmp)
+                    for e in range(_WD_MR * _WD_NR):
+                        acc[e] += np.int64(tmp[e])
+            for r in range(_WD_MR):
+                i = rg * _WD_MR + r
+                if i >= m:
+                    break
+                si = sa[i]
+                flag = False
+                if single:
+                    raf = np.float64(ra[i])
+                    zaf = np.float64(za[i])
+                    for col in range(_WD_NR):
+                        a = np.float64(tmp[r * _WD_NR + col]) - zbf[j0 + col] * raf \
+                            - zaf * cbkf[j0 + col]
+                        o = (si * sbp[j0 + col]) * a
+                        row[col] = o
+                        flag |= (a < -2147483648.0) | (a > 2147483647.0) | ((o - o) != 0.0)
+                    for col in range(ncol):
+                        out[i, j0 + col] = row[col]
+                else:
+                    for col in range(ncol):
+                        j = j0 + col
+                        a = acc[r * _WD_NR + col] - zb[j] * ra[i] - za[i] * cb[j] \
+                            + kk64 * za[i] * zb[j]
+                        o = (si * sb[j]) * np.float64(a)
+                        out[i, j] = o
+                        flag |= (a < _INT32_MIN) | (a > _INT32_MAX) | ((o - o) != 0.0)
+                if flag:
+                    for col in range(ncol):
+                        j = j0 + col
+                        if single:
+                            s = np.int64(tmp[r * _WD_NR + col])
+                        else:
+                            s = acc[r * _WD_NR + col]
+                        a = s - zb[j] * ra[i] - za[i] * cb[j] + kk64 * za[i] * zb[j]
+                        if a < _INT32_MIN or a > _INT32_MAX:
+                            ba = min(ba, i * n + j)
+                            out[i, j] = 0.0
+                        elif not np.isfinite(out[i, j]):
+                            bf = min(bf, i * n + j)
+        bad_acc[task] = ba
+        bad_fin[task] = bf
+
+
+# --------------------------------------------------------------------------- GEMM: skinny
+# Few rows (M <= 16: batch-1 inference): B is read in place (no packing pass over the
+# large operand), two rows of B at a time interleaved into int16 pairs in registers, and
+# ``R`` rows of A (pairs of consecutive k, packed in int32 words) multiply them through
+# ``vpmaddwd``.  A row of ones appended to A yields the column sums of B in the same pass.
+# Exactness as above: per int32 lane at most 2 products of magnitude <= 2**14 per pair,
+# flushed to int64 every ``_WD_KCHUNK_Q`` pairs (<= 2**30 in magnitude).
+
+
+def _make_skinny(R):
+    """Intrinsic ``(ap, a_off, lda, bsrc, b_off, ldb, nq, acc, c_off, ldc)``: for
+    ``r < R``, ``l < _SK_TW``: ``acc[c_off + r*ldc + l] += sum_{q < nq} sum_{t < 2}
+    lo/hi16(ap[a_off + r*lda + q]) * bsrc[b_off + (2q + t)*ldb + l]`` (int32; the caller
+    bounds nq so that no lane wraps).  ``ap``: int32 words of two int16 (low = even k)."""
+
+    @intrinsic
+    def skinny(typingctx, ap, a_off, lda, bsrc, b_off, ldb, nq, acc, c_off, ldc):
+        sig = types.void(ap, a_off, lda, bsrc, b_off, ldb, nq, acc, c_off, ldc)
+
+        def codegen(context, builder, signature, args):
+            ap_, a_off_, lda_, bs_, b_off_, ldb_, nq_, acc_, c_off_, ldc_ = args
+            i8 = ir.IntType(8)
+            i32 = ir.IntType(32)
+            i64 = ir.IntType(64)
+            aary = context.make_array(signature.args[0])(context, builder, ap_)
+            bary = context.make_array(signature.args[3])(context, builder, bs_)
+            cary = context.make_array(signature.args[7])(context, builder, acc_)
+            abase = builder.gep(builder.bitcast(aary.data, i32.as_pointer()), [a_off_])
+            arows = [builder.gep(abase, [builder.mul(lda_, ir.Constant(i64, r))])
+                     for r in range(R)]
+            bbase = builder.gep(builder.bitcast(bary.data, i8.as_pointer()), [b_off_])
+            ldb2 = builder.mul(ldb_, ir.Constant(i64, 2))
+            pre = builder.block
+            loop = builder.append_basic_block("sk.loop")
+            done = builder.append_basic_block("sk.done")
+            builder.cbranch(builder.icmp_signed(">", nq_, ir.Constant(i64, 0)), loop, done)
+            builder.position_at_end(loop)
+            q = builder.phi(i64)
+            q.add_incoming(ir.Constant(i64, 0), pre)
+            zero = ir.Constant(_I32V, None)
+            accs = []
+            for _ in range(R * _SK_NV):
+                p = builder.phi(_I32V)
+                p.add_incoming(zero, pre)
+                accs.append(p)
+            p0 = builder.gep(bbase, [builder.mul(q, ldb2)])
+            p1 = builder.gep(p0, [ldb_])
+            bvs = _interleave_rows(builder, p0, p1, _SK_NV)
+            new = []
+            for r in range(R):
+                word = builder.load(builder.gep(arows[r], [q]), align=4)
+                av = _splat_pair(builder, word)
+                for v in range(_SK_NV):
+                    new.append(builder.add(accs[r * _SK_NV + v], _pmaddwd(builder, av, bvs[v])))
+            qn = builder.add(q, ir.Constant(i64, 1))
+            cur = builder.block
+            q.add_incoming(qn, cur)
+            for p, x in zip(accs, new):
+                p.add_incoming(x, cur)
+            builder.cbranch(builder.icmp_signed("<", qn, nq_), loop, done)
+            builder.position_at_end(done)
+            res = []
+            for x in new:                       # every phi first, then the stores
+                ph = builder.phi(_I32V)
+                ph.add_incoming(zero, pre)
+                ph.add_incoming(x, cur)
+                res.append(ph)
+            cbase = builder.gep(builder.bitcast(cary.data, i32.as_pointer()), [c_off_])
+            for r in range(R):
+                crow = builder.gep(cbase, [builder.mul(ldc_, ir.Constant(i64, r))])
+                for v in range(_SK_NV):
+                    ptr = builder.bitcast(builder.gep(crow, [ir.Constant(i64, v * _WL)]),
+                                          _I32V.as_pointer())
+                    builder.store(builder.add(builder.load(ptr, align=4), res[r * _SK_NV + v]),
+                                  ptr, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return skinny
+
+
+_skinny1 = _make_skinny(1)
+_skinny2 = _make_skinny(2)
+_skinny3 = _make_skinny(3)
+_skinny4 = _make_skinny(4)
+
+
+@helper
+def _skinny_call(rg, ap, a_off, lda, bsrc, b_off, ldb, nq, acc, c_off, ldc):
+    if rg >= 4:
+        _skinny4(ap, a_off, lda, bsrc, b_off, ldb, nq, acc, c_off, ldc)
+    elif rg == 3:
+        _skinny3(ap, a_off, lda, bsrc, b_off, ldb, nq, acc, c_off, ldc)
+    elif rg == 2:
+        _skinny2(ap, a_off, lda, bsrc, b_off, ldb, nq, acc, c_off, ldc)
+    else:
+        _skinny1(ap, a_off, lda, bsrc, b_off, ldb, nq, acc, c_off, ldc)
+
+
+@helper
+def pack_a_pairs(qa, ones, ap, alast, ra):
+    """``ap`` (int32 ``[rows, K // 2]``): word ``(i, q)`` holds ``qa[i, 2q]`` (low int16)
+    and ``qa[i, 2q + 1]`` (high); ``alast[i] = qa[i, K-1]`` (used when K is odd);
+    ``ra[i]`` = row sums.  With ``ones`` an extra row ``M`` of ones (its products are the
+    column sums of B)."""
+    m, kk = qa.shape
+    kq = kk // 2
+    for i in range(m):
+        s = np.int64(0)
+        for q in range(kq):
+            lo = np.int32(qa[i, 2 * q])
+            hi = np.int32(qa[i, 2 * q + 1])
+            ap[i, q] = (lo & 0xFFFF) | (hi << 16)
+            s += np.int64(lo + hi)
+        if kk % 2 == 1:
+            alast[i] = np.int64(qa[i, kk - 1])
+            s += alast[i]
+        else:
+            alast[i] = 0
+        ra[i] = s
+    if ones:
+        for q in range(kq):
+            ap[m, q] = np.int32(0x00010001)
+        alast[m] = 1
+
+
+@kernel
+def gemm_skinny(ap, alast, qb, btail, kk, s64):
+    """``s64[i, j] = sum_k A[i, k] * qb[k, j]`` exactly (int64) for the ``rows`` rows of A
+    packed in pairs in ``ap`` (:func:`pack_a_pairs`; ``alast`` = their last column when K
+    is odd).  ``btail`` holds the last ``N % _SK_TW`` columns of ``qb`` zero padded to
+    ``[K, _SK_TW]`` (or is empty).
+
+    Parallel over ranges of k (integer sums: any split gives the same exact sums): every
+    task streams whole rows of B in order (``_SK_KB`` pairs of rows at a time, each
+    column tile of them through the register tile of :func:`_make_skinny`) into its own
+    int32 partial sums over all columns -- at most ``_WD_KCHUNK_Q`` pairs per task, so no
+    lane wraps -- and the partials are added in int64 afterwards."""
+    rows = ap.shape[0]
+    kq = kk // 2
+    n = qb.shape[1]
+    nfull = n // _SK_TW
+    ntiles = nfull + (1 if n % _SK_TW != 0 else 0)
+    wpad = ntiles * _SK_TW
+    per = min(_WD_KCHUNK_Q, max(_SK_KB, (kq + _SK_TASKS - 1) // _SK_TASKS))
+    per = (per + _SK_KB - 1) // _SK_KB * _SK_KB
+    if per > _WD_KCHUNK_Q:
+        per = _WD_KCHUNK_Q
+    ntask = max(1, (kq + per - 1) // per)
+    apf = ap.reshape(-1)
+    qbf = qb.reshape(-1)
+    btf = btail.reshape(-1)
+    part = np.zeros((ntask, rows * wpad), dtype=np.int32)
+    for task in prange(ntask):
+        q0 = task * per
+        q1 = min(kq, q0 + per)
+        acc = part[task]
+        for kb in range(q0, q1, _SK_KB):
+            nq = min(q1 - kb, _SK_KB)
+            for g0 in range(0, rows, _SK_RG):
+                rg = min(_SK_RG, rows - g0)
+                for t in range(ntiles):
+                    coff = g0 * wpad + t * _SK_TW
+                    if t < nfull:
+                        _skinny_call(rg, apf, g0 * kq + kb, kq, qbf, 2 * kb * n + t * _SK_TW,
+                                     n, nq, acc, coff, wpad)
+                    else:
+                        _skinny_call(rg, apf, g0 * kq + kb, kq, btf, 2 * kb * _SK_TW,
+                                     _SK_TW, nq, acc, coff, wpad)
+    nblk = (n + 255) // 256
+    for blk in prange(nblk):
+        j0 = blk * 256
+        j1 = min(n, j0 + 256)
+        for i in range(rows):
+            for j in range(j0, j1):
+                s64[i, j] = 0
+            for task in range(ntask):
+                for j in range(j0, j1):
+                    s64[i, j] += np.int64(part[task, i * wpad + j])
+            if kk % 2 == 1:
+                a = alast[i]
+                for j in range(j0, j1):
+                    s64[i, j] += a * np.int64(qb[kk - 1, j])
+
+
+@kernel
+def finish_s(s64, m, kk, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
+    """``out[i, j]`` from the exact ``S = s64[i, j]`` through :func:`_finish` (the portable
+    path's epilogue); ``bad_acc[i]`` / ``bad_fin[i]`` as in :func:`gemm_portable`."""
+    n = out.shape[1]
+    for i in prange(m):
+        ba = -1
+        bf = -1
+        for j in range(n):
+            st = _finish(i, j, s64[i, j], np.int64(kk), ra, cb, za, zb, sa, sb, out)
+            if st == 1 and ba < 0:
+                ba = j
+            elif st == 2 and bf < 0:
+                bf = j
+        bad_acc[i] = ba
+        bad_fin[i] = bf

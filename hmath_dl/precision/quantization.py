@@ -361,6 +361,14 @@ def quantization_zero_points(q) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- int8 GEMM
+#: The int8 GEMM paths (every one exact and bit-identical to the others; see
+#: :func:`gemm_path`).
+GEMM_PATHS = ("vnni", "pmaddwd", "skinny", "portable")
+#: Largest M (or N) that takes the skinny path.
+SKINNY_MAX = 16
+_forced = {"gemm": None}
+
+
 def _want_vnni() -> bool:
     """Use the AVX-512 VNNI kernel?  When the machine policy says numba's target has
     AVX-512 VNNI (and neither ``HMATH_DL_KERNELS`` nor ``HMATH_DL_INT8_KERNEL`` is
@@ -372,7 +380,63 @@ def _want_vnni() -> bool:
     return machine().avx512_vnni
 
 
-_USE_VNNI = _want_vnni()
+def _want_pmaddwd() -> bool:
+    """Use the int16-pair (``vpmaddwd``) kernels?  When the machine policy's micro-kernel
+    family is AVX2 or AVX-512 (the target has AVX2) and no override asks for the portable
+    kernel."""
+    from .. import config
+    from .._kernels._cpu import machine
+    if config.INT8_KERNEL == "portable":
+        return False
+    return machine().avx2
+
+
+def gemm_paths():
+    """The int8 GEMM paths this process can run (``portable`` always)."""
+    out = []
+    if _want_vnni():
+        out.append("vnni")
+    if _want_pmaddwd():
+        out += ["pmaddwd", "skinny"]
+    return tuple(out + ["portable"])
+
+
+@contextlib.contextmanager
+def forced_gemm_path(name):
+    """Within the block, :func:`int8_gemm` takes path ``name`` (one of
+    :data:`GEMM_PATHS`; ``None`` restores the plan), for the tests that hold every path
+    to the same bits and for A/B benchmarks.  A path this machine cannot run raises
+    ``ValueError``."""
+    if name is not None and name not in GEMM_PATHS:
+        raise ValueError(f"unknown int8 GEMM path {name!r} (expected one of {GEMM_PATHS})")
+    if name is not None and name not in gemm_paths():
+        raise ValueError(f"int8 GEMM path {name!r} does not run here (available: "
+                         f"{gemm_paths()})")
+    old = _forced["gemm"]
+    _forced["gemm"] = name
+    try:
+        yield
+    finally:
+        _forced["gemm"] = old
+
+
+def gemm_path(m, k, n):
+    """The plan: which kernel ``int8_gemm`` runs for ``[m, k] x [k, n]`` (the choice is
+    speed only, every path gives the same bits):
+
+    * ``skinny`` (AVX2 / AVX-512): ``m`` or ``n`` at most :data:`SKINNY_MAX` (batch-1
+      inference): the large operand is read in place, no packing pass;
+    * ``vnni`` (AVX-512 VNNI): ``vpdpbusd`` register tiles on packed operands;
+    * ``pmaddwd`` (AVX2, AVX-512 without VNNI): int16-pair register tiles;
+    * ``portable``: plain dot-product loops, everywhere else.
+    """
+    forced = _forced["gemm"]
+    if forced is not None:
+        return forced
+    avail = gemm_paths()
+    if "skinny" in avail and min(m, n) <= SKINNY_MAX:
+        return "skinny"
+    return avail[0]
 
 
 def _per_channel(values, count):
@@ -452,26 +516,18 @@ def int8_gemm(a, b) -> np.ndarray:
     out = _checks.alloc(fname, (m, n), np.float64)
     ra = np.empty(m, dtype=np.int64)
     cb = np.empty(n, dtype=np.int64)
-    with _threads_for(m * k * n, SERIAL_GEMM_WORK):
-        if _USE_VNNI:
-            mr, nr = _kq._MR, _kq._NR
-            mp = -(-m // mr) * mr
-            np_ = -(-n // nr) * nr
-            kp = -(-k // 4) * 4
-            ap = _checks.alloc(fname, (mp * kp,), np.uint8)
-            bp = _checks.alloc(fname, (np_ * kp,), np.int8)
-            _kq.pack_a_u8(qa, mp, kp, ap, ra)
-            _kq.pack_b_vnni(qb, np_, kp, bp.view(np.uint32), cb)
-            ntiles = (mp // mr) * (np_ // nr)
-            ntask = -(-ntiles // _kq._TILES_PER_TASK)
-            bad_acc = np.empty(ntask, dtype=np.int64)
-            bad_fin = np.empty(ntask, dtype=np.int64)
-            _kq.gemm_vnni(ap, bp, m, n, k, mp, np_, kp, ra, cb, za, zb, sa, sb, out,
-                          bad_acc, bad_fin)
-            first_acc = int(bad_acc.min())
-            first_fin = int(bad_fin.min())
-            first_acc = -1 if first_acc >= int(_kq._NO_INDEX) else first_acc
-            first_fin = -1 if first_fin >= int(_kq._NO_INDEX) else first_fin
+    path = gemm_path(m, k, n)
+    # the skinny path is memory-bound: its work is the bytes of the large operand
+    work = 16 * k * max(m, n) if path == "skinny" else m * k * n
+    with _threads_for(work, SERIAL_GEMM_WORK):
+        if path == "vnni":
+            first_acc, first_fin = _gemm_vnni(fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb,
+                                              out)
+        elif path == "pmaddwd":
+            first_acc, first_fin = _gemm_pmaddwd(fname, qa, qb, m, k, n, ra, cb, za, zb, sa,
+                                                 sb, out)
+        elif path == "skinny":
+            first_acc, first_fin = _gemm_skinny(fname, qa, qb, m, k, n, za, zb, sa, sb, out)
         else:
             _kq.row_sums(qa, ra)
             _kq.col_sums(qb, cb)
@@ -495,6 +551,100 @@ def int8_gemm(a, b) -> np.ndarray:
             f"{fname}: the result at (i, j) = ({i}, {j}) is not finite (got "
             f"{float(out[i, j])!r} = ({float(sa[i])!r} * {float(sb[j])!r}) * acc)")
     return out
+
+
+def _task_first(bad):
+    """The smallest flat index over per-task minima (``_NO_INDEX``: none), or -1."""
+    first = int(bad.min()) if bad.size else int(_kq._NO_INDEX)
+    return -1 if first >= int(_kq._NO_INDEX) else first
+
+
+def _gemm_vnni(fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb, out):
+    mr, nr = _kq._MR, _kq._NR
+    mp = -(-m // mr) * mr
+    np_ = -(-n // nr) * nr
+    kp = -(-k // 4) * 4
+    ap = _checks.alloc(fname, (mp * kp,), np.uint8)
+    bp = _checks.alloc(fname, (np_ * kp,), np.int8)
+    _kq.pack_a_u8(qa, mp, kp, ap, ra)
+    _kq.pack_b_vnni(qb, np_, kp, bp.view(np.uint32), cb)
+    ntiles = (mp // mr) * (np_ // nr)
+    ntask = -(-ntiles // _kq._TILES_PER_TASK)
+    bad_acc = np.empty(ntask, dtype=np.int64)
+    bad_fin = np.empty(ntask, dtype=np.int64)
+    _kq.gemm_vnni(ap, bp, m, n, k, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+    return _task_first(bad_acc), _task_first(bad_fin)
+
+
+def _gemm_pmaddwd(fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb, out):
+    mr, nr = _kq._WD_MR, _kq._WD_NR
+    mp = -(-m // mr) * mr
+    np_ = -(-n // nr) * nr
+    kq = -(-k // 2)
+    ap = _checks.alloc(fname, (mp * kq * 2,), np.int16)
+    bp = _checks.alloc(fname, (np_ * kq * 2,), np.int16)
+    _kq.pack_a_wd(qa, mp, kq, ap, ra)
+    if 2 * kq != k or np_ != n:
+        qbpad = _checks.alloc(fname, (2 * kq, np_), np.int8)
+        qbpad[...] = 0
+        qbpad[:k, :n] = qb
+    else:
+        qbpad = np.zeros((0, np_), dtype=np.int8)
+    _kq.pack_b_wd(qb, qbpad, np_, kq, bp, cb)
+    ntiles = (mp // mr) * (np_ // nr)
+    ntask = -(-ntiles // _kq._WD_TILES_PER_TASK)
+    bad_acc = np.empty(ntask, dtype=np.int64)
+    bad_fin = np.empty(ntask, dtype=np.int64)
+    _kq.gemm_wd(ap, bp, m, n, k, mp, np_, kq, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+    return _task_first(bad_acc), _task_first(bad_fin)
+
+
+def _skinny_sums(fname, rows, wide, ones):
+    """``(S, sums)``: ``S[r, j] = sum_k rows[r, k] * wide[k, j]`` exactly (int64, plus a
+    last row of column sums of ``wide`` when ``ones``) and the row sums of ``rows``."""
+    r, k = rows.shape
+    w = wide.shape[1]
+    nrows = r + (1 if ones else 0)
+    ap = _checks.alloc(fname, (nrows, k // 2), np.int32)
+    alast = np.empty(nrows, dtype=np.int64)
+    sums = np.empty(r, dtype=np.int64)
+    _kq.pack_a_pairs(rows, ones, ap, alast, sums)
+    tw = _kq._SK_TW
+    tail = w % tw
+    if tail:
+        btail = _checks.alloc(fname, (k, tw), np.int8)
+        btail[:, tail:] = 0
+        btail[:, :tail] = wide[:, w - tail:]
+    else:
+        btail = np.zeros((0, tw), dtype=np.int8)
+    s64 = _checks.alloc(fname, (nrows, w), np.int64)
+    _kq.gemm_skinny(ap, alast, wide, btail, k, s64)
+    return s64, sums
+
+
+def _gemm_skinny(fname, qa, qb, m, k, n, za, zb, sa, sb, out):
+    if m <= n or m <= SKINNY_MAX:
+        # rows of A against B in place; the ones row gives B's column sums (needed only
+        # when some za != 0)
+        ones = bool(np.any(za != 0))
+        s64, ra = _skinny_sums(fname, qa, qb, ones)
+        cb = s64[m].copy() if ones else np.zeros(n, dtype=np.int64)
+        s = s64[:m] if ones else s64
+    else:
+        # few columns: S^T = B^T A^T, with A^T (one transposing pass over A) as the wide
+        # operand; the ones row gives A's row sums (needed only when some zb != 0)
+        ones = bool(np.any(zb != 0))
+        qbt = np.ascontiguousarray(qb.T)
+        qat = _checks.alloc(fname, (k, m), np.int8)
+        _kq.transpose_i8(qa, qat)
+        s64, cb = _skinny_sums(fname, qbt, qat, ones)
+        ra = s64[n].copy() if ones else np.zeros(m, dtype=np.int64)
+        s = np.ascontiguousarray(s64[:n].T)
+    s = np.ascontiguousarray(s)
+    bad_acc = np.empty(m, dtype=np.int64)
+    bad_fin = np.empty(m, dtype=np.int64)
+    _kq.finish_s(s, m, k, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+    return _first_flat(bad_acc, n), _first_flat(bad_fin, n)
 
 
 def _first_flat(bad_cols, n):
