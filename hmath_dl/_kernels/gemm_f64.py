@@ -18,10 +18,12 @@ build.
   for k in order -- the same chains, vectorised across columns by the compiler.
 """
 
+import threading
+
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import kernel
 from ._simd import _ROW_MAXV, _VW, _fma, _make_micro_acc
 
 _CB = 6                     # rows of a per register block
@@ -84,12 +86,13 @@ def gemm_rows(a, b, c):
                 row[n] = _fma(am, br[n], row[n])
 
 
-@helper
+@kernel
 def _pack_b(b, bpk, K):
-    """``b [K, N]`` -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past N."""
+    """``b [K, N]`` -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past N; parallel
+    over tiles (a copy: no arithmetic)."""
     N = b.shape[1]
     ntile = bpk.shape[0] // (K * _T) if K > 0 else 0
-    for tile in range(ntile):
+    for tile in prange(ntile):
         n0 = tile * _T
         w = min(_T, N - n0)
         for k in range(K):
@@ -101,36 +104,53 @@ def _pack_b(b, bpk, K):
                 bpk[base + i] = 0.0
 
 
-@helper
+@kernel
 def _pack_bt(bt, bpk, K):
     """``bt [N, K]`` (b transposed) -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past
-    N; reads ``bt`` row by row (no transposed copy of b first)."""
+    N, without a transposed copy of b first; parallel over tiles, every write contiguous
+    (the T rows of ``bt`` are read side by side)."""
     N = bt.shape[0]
     ntile = bpk.shape[0] // (K * _T) if K > 0 else 0
-    for tile in range(ntile):
+    for tile in prange(ntile):
         n0 = tile * _T
         w = min(_T, N - n0)
         base = tile * K * _T
-        for i in range(w):
-            r = bt[n0 + i]
-            for k in range(K):
-                bpk[base + k * _T + i] = r[k]
-        for i in range(w, _T):
-            for k in range(K):
+        for k in range(K):
+            for i in range(w):
+                bpk[base + k * _T + i] = bt[n0 + i, k]
+            for i in range(w, _T):
                 bpk[base + k * _T + i] = 0.0
 
 
-@helper
+@kernel
 def _pack_a(a, apk, K):
-    """``a [M, K]`` -> ``apk [ceil(M/6), K, 6]`` (flat), zero rows past M."""
+    """``a [M, K]`` -> ``apk [ceil(M/6), K, 6]`` (flat), zero rows past M; parallel over
+    blocks."""
     M = a.shape[0]
     nmb = apk.shape[0] // (K * _CB) if K > 0 else 0
-    for blk in range(nmb):
+    for blk in prange(nmb):
         for k in range(K):
             base = (blk * K + k) * _CB
             for j in range(_CB):
                 m = blk * _CB + j
                 apk[base + j] = a[m, k] if m < M else 0.0
+
+
+_WS = threading.local()
+_WS_MAX = 1 << 23            # float64 elements (64 MiB) a thread keeps for packed panels
+
+
+def _workspace(name, n):
+    """A float64 buffer of ``n`` elements for packing, kept per Python thread and reused
+    (fresh pages cost a fault each: a 512x1024x1024 product paid ~5 ms of its ~14 ms for
+    them); larger requests are allocated afresh."""
+    if n > _WS_MAX:
+        return np.empty(n)
+    buf = getattr(_WS, name, None)
+    if buf is None or buf.shape[0] < n:
+        buf = np.empty(max(n, 1 << 12))
+        setattr(_WS, name, buf)
+    return buf[:n]
 
 
 _SERIAL_FMAS = 1 << 21      # below this many multiply-adds one thread does it (~0.2 ms)
@@ -150,11 +170,9 @@ def matmul(a, b, out=None, tiled=None):
     bt = b.T if (not b.flags.c_contiguous and b.T.flags.c_contiguous) else None
     if bt is None and not b.flags.c_contiguous:
         b = np.ascontiguousarray(b)
-    if out is None:
-        out = np.empty((M, N), dtype=np.float64)
-    if M == 0 or N == 0:
-        return out
-    if K == 0:
+    if M == 0 or N == 0 or K == 0:
+        if out is None:
+            out = np.empty((M, N), dtype=np.float64)
         out[...] = 0.0
         return out
     if tiled is None:
@@ -163,6 +181,8 @@ def matmul(a, b, out=None, tiled=None):
     if not tiled:
         if bt is not None:
             b = np.ascontiguousarray(b)
+        if out is None:
+            out = np.empty((M, N), dtype=np.float64)
         k = gemm_rows.serial if small else gemm_rows
         if out.flags.c_contiguous:
             k(a, b, out)
@@ -173,19 +193,25 @@ def matmul(a, b, out=None, tiled=None):
         return out
     Mp = -(-M // _CB) * _CB
     Np = -(-N // _T) * _T
-    apk = np.empty((Mp // _CB) * K * _CB)
-    _pack_a(a, apk, K)
-    bpk = np.empty((Np // _T) * K * _T)
+    packs = small or M * K + K * N < (1 << 16)      # copies too small to split
+    apk = _workspace("a", (Mp // _CB) * K * _CB)
+    (_pack_a.serial if packs else _pack_a)(a, apk, K)
+    bpk = _workspace("b", (Np // _T) * K * _T)
     if bt is not None:
-        _pack_bt(bt, bpk, K)
+        (_pack_bt.serial if packs else _pack_bt)(bt, bpk, K)
     else:
-        _pack_b(b, bpk, K)
-    direct = Mp == M and Np == N and out.flags.c_contiguous
-    c = out if direct else np.empty((Mp, Np))
-    c[...] = 0.0
+        (_pack_b.serial if packs else _pack_b)(b, bpk, K)
+    direct = out is not None and Mp == M and Np == N and out.flags.c_contiguous
+    c = out if direct else np.zeros((Mp, Np))
+    if direct:
+        c[...] = 0.0
     (gemm_tiled.serial if small else gemm_tiled)(apk, bpk, c.reshape(-1), K, Np)
-    if not direct:
-        out[...] = c[:M, :N]
+    if direct:
+        return out
+    if out is None:
+        # padding rows only: the first M rows are already a C-contiguous [M, N] array
+        return c[:M] if Np == N else np.ascontiguousarray(c[:M, :N])
+    out[...] = c[:M, :N]
     return out
 
 
@@ -200,14 +226,14 @@ def matmul_nd(a, b, out=None):
     batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     M, K = a2.shape[-2:]
     N = b2.shape[-1]
-    res = np.empty(batch + (M, N), dtype=np.float64)
     if batch:
+        res = np.empty(batch + (M, N), dtype=np.float64)
         ab = np.broadcast_to(a2, batch + (M, K))
         bb = np.broadcast_to(b2, batch + (K, N))
         for idx in np.ndindex(*batch):
             matmul(ab[idx], bb[idx], out=res[idx])
     else:
-        matmul(a2, b2, out=res)
+        res = matmul(a2, b2)
     if a.ndim == 1:
         res = res[..., 0, :]
     if b.ndim == 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks
-from .._kernels.gemm_f64 import matmul_nd
+from .._kernels.gemm_f64 import matmul
 from ..errors import NumericOverflow, ShapeError
 
 __all__ = ["dense"]
@@ -68,7 +68,8 @@ def dense(x, weights, bias):
         if xa.shape[-1] == 0:
             out[...] = 0.0
         else:
-            matmul_nd(xa, w.T, out=out)
+            # rows of every leading axis at once; the GEMM returns its own array
+            out = matmul(xa.reshape(-1, xa.shape[-1]), w.T).reshape(out.shape)
         if b is not None:
             out += b
     # a NaN/inf anywhere makes the sum non-finite; a finite sum proves a finite output
