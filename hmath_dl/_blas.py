@@ -1,23 +1,13 @@
-"""numpy ``matmul`` with small products run on one BLAS thread (of the calling thread only).
+"""numpy's own OpenBLAS, found and pinned to one thread for a block of work.
 
-Why: numpy's OpenBLAS splits even a 0.1 ms product over its worker threads, which then
-spin (``sched_yield``) between calls.  Beside Numba's own worker threads, or on a
-machine where another process holds a core, the calling thread regularly waits for a
-worker that is not scheduled: a 0.2 ms product then takes ~30 ms (measured on a 2-core
-VM, Linux 6.18).  The layers' and the tape's products are small, so :func:`matmul` runs
-them single-threaded; large products keep every BLAS thread.
-
-Not always the same bits: OpenBLAS 0.3.31 gives other bits for some shapes on 2 threads
-than on 1 (e.g. ``[32, 464] @ [464, 144]``), so results through this module depend on
-OpenBLAS's thread count (``OPENBLAS_NUM_THREADS``), though not on Numba's.  Removing BLAS
-from numeric results altogether is the library's plan (the own fixed-order GEMM);
-:func:`one_thread` pins a block of work to one BLAS thread meanwhile (the data-parallel
-shards use it so that every Dask worker computes the same bits).
-
-The switch is OpenBLAS's thread-local ``openblas_set_num_threads_local`` (OpenBLAS >=
-0.3.27): it changes nothing for other Python threads and is restored after the call.
-Where it is unavailable (another BLAS, another platform) :func:`matmul` is plain
-``numpy.matmul``.
+The library's numeric results no longer pass through BLAS (matrix products use
+``hmath_dl._kernels.gemm_f64``).  What remains is :func:`one_thread`: user code inside
+``hmath_dl.distributed``'s ``loss_fn`` may call numpy's ``@``, and OpenBLAS 0.3.31 gives
+other bits for some shapes on 2 threads than on 1 (e.g. ``[32, 464] @ [464, 144]``), while
+Dask starts its workers with ``OPENBLAS_NUM_THREADS=1``; every shard therefore runs with
+numpy's OpenBLAS on one thread.  The switch is OpenBLAS's thread-local
+``openblas_set_num_threads_local`` (OpenBLAS >= 0.3.27): it changes nothing for other
+Python threads and is restored afterwards; where it is unavailable it is a no-op.
 """
 
 from __future__ import annotations
@@ -29,12 +19,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["matmul", "one_thread", "SMALL_WORK"]
-
-#: Products with fewer multiply-adds than this (per matrix of a stack) run on one thread
-#: (2**25 multiply-adds: ~1 ms single-threaded on the reference VM).  The environment
-#: variable ``HMATH_DL_BLAS_SMALL_WORK`` (read at import) overrides it; 0 disables the switch.
-from .config import BLAS_SMALL_WORK as SMALL_WORK  # noqa: E402
+__all__ = ["one_thread"]
 
 _state = {"loaded": False, "set_local": None}
 _lock = threading.Lock()
@@ -98,24 +83,5 @@ def one_thread():
     prev = fn(1)
     try:
         yield
-    finally:
-        fn(prev)
-
-
-def _work(a, b):
-    m = a.shape[-2] if a.ndim >= 2 else 1
-    k = a.shape[-1]
-    n = b.shape[-1] if b.ndim >= 2 else 1
-    return m * n * k
-
-
-def matmul(a, b, out=None):
-    """``numpy.matmul(a, b, out=out)``; single-threaded BLAS when the product is small."""
-    fn = _set_local()
-    if fn is None or _work(a, b) >= SMALL_WORK:
-        return np.matmul(a, b, out=out)
-    prev = fn(1)
-    try:
-        return np.matmul(a, b, out=out)
     finally:
         fn(prev)

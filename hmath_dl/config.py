@@ -15,8 +15,6 @@ variable                       default      effect
                                             on-disk cache
 ``HMATH_DL_SERIAL_WORK``       131072       calls touching fewer elements run a kernel's
                                             serial twin (0: always parallel)
-``HMATH_DL_BLAS_SMALL_WORK``   33554432     products with fewer multiply-adds run OpenBLAS on
-                                            one thread (0: never switch)
 ``HMATH_DL_MAX_ALLOC_BYTES``   17179869184  largest output/workspace one call may allocate;
                                             larger requests raise ``ShapeError``
 =============================  ===========  =================================================
@@ -30,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["KERNELS", "INT8_KERNEL", "CACHE_ENABLED", "SERIAL_WORK", "BLAS_SMALL_WORK",
+__all__ = ["KERNELS", "INT8_KERNEL", "CACHE_ENABLED", "SERIAL_WORK",
            "MAX_ALLOC_BYTES", "VARIABLES", "describe"]
 
 
@@ -47,7 +45,6 @@ KERNELS = os.environ.get("HMATH_DL_KERNELS", "").strip().lower()
 INT8_KERNEL = os.environ.get("HMATH_DL_INT8_KERNEL", "").strip().lower()
 CACHE_ENABLED = os.environ.get("HMATH_DL_NO_CACHE", "") in ("", "0")
 SERIAL_WORK = _int("HMATH_DL_SERIAL_WORK", 1 << 17)
-BLAS_SMALL_WORK = _int("HMATH_DL_BLAS_SMALL_WORK", 1 << 25)
 MAX_ALLOC_BYTES = _int("HMATH_DL_MAX_ALLOC_BYTES", 1 << 34)
 
 #: name -> value in force, for ``python -m hmath_dl.info --config`` and bug reports.
@@ -56,7 +53,6 @@ VARIABLES = {
     "HMATH_DL_INT8_KERNEL": INT8_KERNEL,
     "HMATH_DL_NO_CACHE": not CACHE_ENABLED,
     "HMATH_DL_SERIAL_WORK": SERIAL_WORK,
-    "HMATH_DL_BLAS_SMALL_WORK": BLAS_SMALL_WORK,
     "HMATH_DL_MAX_ALLOC_BYTES": MAX_ALLOC_BYTES,
 }
 

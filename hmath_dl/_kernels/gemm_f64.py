@@ -31,12 +31,15 @@ _KC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b (KC x 
 _NC = 64 * _VW              # columns per parallel panel (512 on AVX-512, 256 on AVX2)
 _MC = 16 * _CB              # rows per parallel panel (96)
 
-_T = _ROW_MAXV * _VW         # columns per register tile (32 on AVX-512, 8 on AVX2)
-_micro = _make_micro_acc(_CB, _ROW_MAXV)
+_T = _ROW_MAXV * _VW         # widest register tile (32 columns on AVX-512, 8 on AVX2)
+_mv1 = _make_micro_acc(_CB, 1)
+_mv2 = _make_micro_acc(_CB, 2) if _ROW_MAXV >= 2 else _mv1
+_mv3 = _make_micro_acc(_CB, 3) if _ROW_MAXV >= 3 else _mv2
+_mv4 = _make_micro_acc(_CB, 4) if _ROW_MAXV >= 4 else _mv3
 
 
 @kernel
-def gemm_tiled(apk, bpk, c, K, Np):
+def gemm_tiled(apk, bpk, c, K, Np, T):
     """``c [Mp, Np] = a @ b`` by the specification above, ``c`` zero on entry.
 
     ``apk`` is ``a [Mp, K]`` packed as ``[Mp/6, K, 6]`` (zero rows pad ``Mp`` to a multiple
@@ -47,9 +50,10 @@ def gemm_tiled(apk, bpk, c, K, Np):
     Mp = c.shape[0] // Np if Np > 0 else 0
     nmb = Mp // _CB
     bpp = _MC // _CB
-    tpp = _NC // _T
+    V = T // _VW
+    tpp = max(1, _NC // T)
     pm = (nmb + bpp - 1) // bpp
-    ntile = Np // _T
+    ntile = Np // T
     pn = (ntile + tpp - 1) // tpp
     for t in prange(pm * pn):
         im = t // pn
@@ -63,10 +67,18 @@ def gemm_tiled(apk, bpk, c, K, Np):
             # BLIS's order: one tile's chunk of b (KC x T, in L1) meets every 6-row block of
             # the panel's chunk of a (from L2), then the next tile
             for tile in range(t0, t1):
-                bbase = (tile * K + k0) * _T
+                bbase = (tile * K + k0) * T
                 for blk in range(b0, b1):
-                    _micro(bpk, bbase, _T, apk, (blk * K + k0) * _CB, nk, c,
-                           blk * _CB * Np + tile * _T, Np)
+                    ab = (blk * K + k0) * _CB
+                    cb = blk * _CB * Np + tile * T
+                    if V == 4:
+                        _mv4(bpk, bbase, T, apk, ab, nk, c, cb, Np)
+                    elif V == 3:
+                        _mv3(bpk, bbase, T, apk, ab, nk, c, cb, Np)
+                    elif V == 2:
+                        _mv2(bpk, bbase, T, apk, ab, nk, c, cb, Np)
+                    else:
+                        _mv1(bpk, bbase, T, apk, ab, nk, c, cb, Np)
 
 
 @kernel
@@ -87,39 +99,39 @@ def gemm_rows(a, b, c):
 
 
 @kernel
-def _pack_b(b, bpk, K):
+def _pack_b(b, bpk, K, T):
     """``b [K, N]`` -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past N; parallel
     over tiles (a copy: no arithmetic)."""
     N = b.shape[1]
-    ntile = bpk.shape[0] // (K * _T) if K > 0 else 0
+    ntile = bpk.shape[0] // (K * T) if K > 0 else 0
     for tile in prange(ntile):
-        n0 = tile * _T
-        w = min(_T, N - n0)
+        n0 = tile * T
+        w = min(T, N - n0)
         for k in range(K):
-            base = (tile * K + k) * _T
+            base = (tile * K + k) * T
             br = b[k]
             for i in range(w):
                 bpk[base + i] = br[n0 + i]
-            for i in range(w, _T):
+            for i in range(w, T):
                 bpk[base + i] = 0.0
 
 
 @kernel
-def _pack_bt(bt, bpk, K):
+def _pack_bt(bt, bpk, K, T):
     """``bt [N, K]`` (b transposed) -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past
     N, without a transposed copy of b first; parallel over tiles, every write contiguous
     (the T rows of ``bt`` are read side by side)."""
     N = bt.shape[0]
-    ntile = bpk.shape[0] // (K * _T) if K > 0 else 0
+    ntile = bpk.shape[0] // (K * T) if K > 0 else 0
     for tile in prange(ntile):
-        n0 = tile * _T
-        w = min(_T, N - n0)
-        base = tile * K * _T
+        n0 = tile * T
+        w = min(T, N - n0)
+        base = tile * K * T
         for k in range(K):
             for i in range(w):
-                bpk[base + k * _T + i] = bt[n0 + i, k]
-            for i in range(w, _T):
-                bpk[base + k * _T + i] = 0.0
+                bpk[base + k * T + i] = bt[n0 + i, k]
+            for i in range(w, T):
+                bpk[base + k * T + i] = 0.0
 
 
 @kernel
@@ -192,20 +204,21 @@ def matmul(a, b, out=None, tiled=None):
             out[...] = tmp
         return out
     Mp = -(-M // _CB) * _CB
-    Np = -(-N // _T) * _T
+    T = min(_T, -(-N // _VW) * _VW)        # narrower tiles for narrow products
+    Np = -(-N // T) * T
     packs = small or M * K + K * N < (1 << 16)      # copies too small to split
     apk = _workspace("a", (Mp // _CB) * K * _CB)
     (_pack_a.serial if packs else _pack_a)(a, apk, K)
-    bpk = _workspace("b", (Np // _T) * K * _T)
+    bpk = _workspace("b", (Np // T) * K * T)
     if bt is not None:
-        (_pack_bt.serial if packs else _pack_bt)(bt, bpk, K)
+        (_pack_bt.serial if packs else _pack_bt)(bt, bpk, K, T)
     else:
-        (_pack_b.serial if packs else _pack_b)(b, bpk, K)
+        (_pack_b.serial if packs else _pack_b)(b, bpk, K, T)
     direct = out is not None and Mp == M and Np == N and out.flags.c_contiguous
     c = out if direct else np.zeros((Mp, Np))
     if direct:
         c[...] = 0.0
-    (gemm_tiled.serial if small else gemm_tiled)(apk, bpk, c.reshape(-1), K, Np)
+    (gemm_tiled.serial if small else gemm_tiled)(apk, bpk, c.reshape(-1), K, Np, T)
     if direct:
         return out
     if out is None:
@@ -226,7 +239,10 @@ def matmul_nd(a, b, out=None):
     batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     M, K = a2.shape[-2:]
     N = b2.shape[-1]
-    if batch:
+    if batch and b2.ndim == 2:
+        # one GEMM over every row of the stack (each output's chain is the same)
+        res = matmul(np.ascontiguousarray(a2).reshape(-1, K), b2).reshape(batch + (M, N))
+    elif batch:
         res = np.empty(batch + (M, N), dtype=np.float64)
         ab = np.broadcast_to(a2, batch + (M, K))
         bb = np.broadcast_to(b2, batch + (K, N))
