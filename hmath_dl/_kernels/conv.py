@@ -59,6 +59,7 @@ from numba import prange
 
 from . import _cpu
 from ._jit import helper, kernel
+from ._plan import forcing
 
 _CB = 4      # output channels computed together (one x load feeds _CB accumulators)
 _SEG = 1024   # output positions per accumulator segment (_CB x _SEG accumulators: 32 KiB)
@@ -1048,12 +1049,8 @@ def forced_path(name):
     restores the plan."""
     if name is not None and name not in FORWARD_PATHS:
         raise ValueError(f"unknown forward path {name!r} (expected one of {FORWARD_PATHS})")
-    old = _forced["forward"]
-    _forced["forward"] = name
-    try:
+    with forcing(_forced, "forward", name):
         yield
-    finally:
-        _forced["forward"] = old
 
 
 def _applicable_forward(Cog, OW, tiled):

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _checks
 from .._kernels import quant as _kq
+from .._kernels._plan import forcing
 from ..errors import DomainError, NumericOverflow, ShapeError
 
 __all__ = ["Quantization", "QuantizedTensor", "quantize", "dequantize", "quantized_values",
@@ -412,12 +413,8 @@ def forced_gemm_path(name):
     if name is not None and name not in gemm_paths():
         raise ValueError(f"int8 GEMM path {name!r} does not run here (available: "
                          f"{gemm_paths()})")
-    old = _forced["gemm"]
-    _forced["gemm"] = name
-    try:
+    with forcing(_forced, "gemm", name):
         yield
-    finally:
-        _forced["gemm"] = old
 
 
 def gemm_path(m, k, n):
