@@ -9,9 +9,11 @@ The choice (README, "Reliability notes"):
   thread-safe (several Python threads may launch kernels at once), independent of the
   OpenMP runtime that torch or a BLAS loads (so import order does not matter), and its idle
   workers sleep without any environment setting.  A pip-installed ``libtbb.so.12`` lives in
-  ``<prefix>/lib``, which the dynamic loader does not search inside a virtual environment:
-  :func:`preload_tbb` loads it by its path from the ``tbb`` distribution's file list, once,
-  before the first parallel launch, so that Numba's own ``dlopen`` by soname finds it.
+  ``<prefix>/lib``; Numba 0.68 finds it there (also in a fresh venv, tested), but the
+  loader's search path depends on how Python and Numba were built, so
+  :func:`preload_tbb` also loads it by its path from the ``tbb`` distribution's file
+  list, once, before the first parallel launch: Numba's own ``dlopen`` by soname then
+  finds it in any layout.
 * **Serial after an unsafe fork.** Whatever layer runs (the user may force one with
   ``NUMBA_THREADING_LAYER``, or TBB may be missing), a child forked from a process whose
   layer is *not* fork-safe -- GNU OpenMP aborts a forked child at its first parallel
