@@ -97,41 +97,26 @@ def _dgemm():
     return (lambda: a @ b), "numpy", (lambda: a @ b)
 
 
-@pair("int8_gemm (per-row x per-column, symmetric)", "1024 x 1024 x 1024")
-def _int8():
-    qa = P.quantize(P.Quantization.SYMMETRIC, 0, rnd((1024, 1024), 1))
-    qb = P.quantize(P.Quantization.SYMMETRIC, 1, rnd((1024, 1024), 2))
-    a, b = rnd((1024, 1024), 1), rnd((1024, 1024), 2)
+def _int8_pair(m, k, n):
+    qa = P.quantize(P.Quantization.SYMMETRIC, 0, rnd((m, k), 1))
+    qb = P.quantize(P.Quantization.SYMMETRIC, 1, rnd((k, n), 2))
+    a, b = rnd((m, k), 1), rnd((k, n), 2)
     return (lambda: P.int8_gemm(qa, qb)), "numpy float64 matmul", (lambda: a @ b)
 
 
-@pair("reduced_gemm BF16", "1024 x 1024 x 1024")
-def _bf16():
-    a, b = rnd((1024, 1024), 1), rnd((1024, 1024), 2)
+def _reduced_pair(precision, n):
+    a, b = rnd((n, n), 1), rnd((n, n), 2)
     a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    return (lambda: P.reduced_gemm(P.Precision.BF16, a, b)), "numpy float32 matmul", (lambda: a32 @ b32)
+    return (lambda: P.reduced_gemm(precision, a, b)), "numpy float32 matmul", (lambda: a32 @ b32)
 
 
-@pair("reduced_gemm FP16", "1024 x 1024 x 1024")
-def _fp16():
-    a, b = rnd((1024, 1024), 1), rnd((1024, 1024), 2)
-    a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    return (lambda: P.reduced_gemm(P.Precision.FP16, a, b)), "numpy float32 matmul", (lambda: a32 @ b32)
-
-
-@pair("reduced_gemm BF16 256^3", "256 x 256 x 256")
-def _bf16_256():
-    a, b = rnd((256, 256), 1), rnd((256, 256), 2)
-    a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    return (lambda: P.reduced_gemm(P.Precision.BF16, a, b)), "numpy float32 matmul", (lambda: a32 @ b32)
-
-
-@pair("int8_gemm one token (1 x 4096 . 4096 x 4096)", "1 x 4096 x 4096")
-def _int8_skinny():
-    qa = P.quantize(P.Quantization.SYMMETRIC, 0, rnd((1, 4096), 3))
-    qb = P.quantize(P.Quantization.SYMMETRIC, 1, rnd((4096, 4096), 4))
-    a, b = rnd((1, 4096), 3), rnd((4096, 4096), 4)
-    return (lambda: P.int8_gemm(qa, qb)), "numpy float64 a @ b", (lambda: a @ b)
+pair("int8_gemm (per-row x per-column, symmetric)", "1024 x 1024 x 1024")(
+    lambda: _int8_pair(1024, 1024, 1024))
+pair("reduced_gemm BF16", "1024 x 1024 x 1024")(lambda: _reduced_pair(P.Precision.BF16, 1024))
+pair("reduced_gemm FP16", "1024 x 1024 x 1024")(lambda: _reduced_pair(P.Precision.FP16, 1024))
+pair("reduced_gemm BF16 256^3", "256 x 256 x 256")(lambda: _reduced_pair(P.Precision.BF16, 256))
+pair("int8_gemm one token (1 x 4096 . 4096 x 4096)", "1 x 4096 x 4096")(
+    lambda: _int8_pair(1, 4096, 4096))
 
 
 @pair("dense vs torch linear", "x 512 x 1024, w 1024 x 1024")
