@@ -64,12 +64,7 @@ def _check_batch(batch) -> Tuple[Tuple[np.ndarray, ...], int]:
     arrays = []
     for i, a in enumerate(batch):
         name = f"batch[{i}]"
-        try:
-            arr = np.asarray(a)
-        except Exception as exc:  # ragged lists etc.
-            raise TypeError(f"{_FNAME}: {name} is not an array-like of numbers ({exc})") from None
-        if arr.dtype.kind not in "biuf":
-            raise TypeError(f"{_FNAME}: {name} must hold real numbers (got dtype {arr.dtype})")
+        arr = _checks._to_array(_FNAME, name, a, None)   # real numbers, dtype kept
         if arr.ndim == 0:
             raise ShapeError(f"{_FNAME}: {name} must have a leading batch axis (got a 0-d array)")
         if arr.dtype.kind == "f":
