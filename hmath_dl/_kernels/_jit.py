@@ -22,6 +22,7 @@ same bits.
 
 import hashlib
 import os
+import re
 import types
 
 from numba import njit
@@ -38,24 +39,46 @@ from ..config import CACHE_ENABLED  # noqa: E402  (HMATH_DL_NO_CACHE)
 # bake in constants and IR emitters from other modules (the tile shapes of _simd.py, the
 # machine policy of _cpu.py, helpers of sibling kernel files): an edit there would leave
 # stale machine code in the cache (e.g. a tile width that no longer matches the facade's
-# buffers).  So every hmath_dl kernel's cache stamp also covers the contents of every
-# module in this package and of config.py.
+# buffers).  So a kernel's cache stamp also covers the contents of every module of this
+# package that its file imports, transitively (``from .x import``, ``from . import x``),
+# and of config.py.  An edit to one kernel file recompiles that file and the files that
+# import it, not the whole package.
 _PKG = os.path.dirname(os.path.abspath(__file__))
-_DEPS_STAMP = None
+_CONFIG = os.path.join(os.path.dirname(_PKG), "config.py")
+_STAMPS = {}
+_IMPORT = re.compile(r"^[ \t]*from[ \t]+\.(\w*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
 
 
-def _deps_stamp():
-    global _DEPS_STAMP
-    if _DEPS_STAMP is None:
+def _local_imports(path):
+    """Sibling modules that the kernel file ``path`` imports."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    names = set()
+    for module, imported in _IMPORT.findall(text):
+        if module:
+            names.add(module)
+        else:   # from . import a, b
+            names.update(n.split()[0] for n in imported.strip("()").split(",") if n.split())
+    return {os.path.join(_PKG, n + ".py") for n in names
+            if os.path.exists(os.path.join(_PKG, n + ".py"))}
+
+
+def _deps_stamp(py_file):
+    """Hash of ``py_file``, every sibling module it imports transitively, and config.py."""
+    key = os.path.abspath(py_file)
+    if key not in _STAMPS:
+        seen, todo = set(), [key]
+        while todo:
+            f = todo.pop()
+            if f not in seen:
+                seen.add(f)
+                todo.extend(_local_imports(f) - seen)
         h = hashlib.sha256()
-        files = sorted(f for f in os.listdir(_PKG) if f.endswith(".py"))
-        for name in files:
-            with open(os.path.join(_PKG, name), "rb") as fh:
-                h.update(name.encode() + b"\0" + fh.read())
-        with open(os.path.join(os.path.dirname(_PKG), "config.py"), "rb") as fh:
-            h.update(fh.read())
-        _DEPS_STAMP = h.hexdigest()
-    return _DEPS_STAMP
+        for f in sorted(seen) + [_CONFIG]:
+            with open(f, "rb") as fh:
+                h.update(os.path.basename(f).encode() + b"\0" + fh.read())
+        _STAMPS[key] = h.hexdigest()
+    return _STAMPS[key]
 
 
 def _install_cache_locators():
@@ -81,7 +104,7 @@ def _install_cache_locators():
             return _base.from_function.__func__(cls, py_func, py_file)
 
         def get_source_stamp(self, _base=base):
-            return (_base.get_source_stamp(self), _deps_stamp())
+            return (_base.get_source_stamp(self), _deps_stamp(self._py_file))
 
         ours.append(type("HmathDL" + base.__name__.lstrip("_"), (base,), {
             "from_function": classmethod(from_function),
