@@ -15,4 +15,8 @@ from .attention import (alibi_bias, causal_mask, multihead_attention, rotary_emb
 from .kv_cache import KVCache, append_cache, cache_values, empty_cache
 from .feed_forward import transformer_feed_forward
 from .convolution import ConvOptions, convolution, depthwise_convolution, transposed_convolution
+# pooling family (plain and _ad)
 from .pooling import PoolMode, adaptive_pooling, global_pooling, pooling
+# normalisation family _ad twins
+# attention/position/feed-forward _ad twins
+# convolution/dropout _ad twins
