@@ -2,12 +2,15 @@
 
 Entry points
 ------------
-``attention_forward(q, k, v, mask, bias, out, weights) -> (status, row)``
+``attention_forward(q, k, v, mask, bias, out, weights, gkv=1, scale=0.0) -> (status, row)``
     Scaled dot-product attention over a flat batch.  This is the entry point that
     ``hmath_dl.layers.attention`` and the autodiff layer build on.
 
-    * ``q [B, N, D]``, ``k [B, M, D]``, ``v [B, M, F]``: C-contiguous float64, finite,
-      ``D >= 1``.
+    * ``q [B, N, D]``, ``k [B/gkv, M, D]``, ``v [B/gkv, M, F]``: C-contiguous float64,
+      finite, ``D >= 1``; query batch ``b`` attends with key/value batch ``b // gkv``
+      (grouped-query attention when ``gkv > 1``).
+    * ``scale``: 0.0 means ``/ sqrt(D)`` (the default scores below); any other value
+      replaces the division by ``* scale``.
     * ``mask``: C-contiguous bool ``[Bm, N, M]`` (True = allowed).  ``Bm == 0`` means
       "no mask" (pass ``np.ones((0, 0, 0), np.bool_)``); otherwise ``Bm`` divides ``B``
       and batch ``b`` uses mask ``b // (B // Bm)`` (so ``Bm == 1`` broadcasts, ``Bm == B``
@@ -127,8 +130,8 @@ def _exp_shifted(x, shift, bits):
 
 
 @helper
-def _scores_block(q, kt, s, b, i0, nr, blo, n):
-    """s[r, :n] = q[b, i0 + r] . kt[b, :, blo + j] for the _QB (= 4) rows of a block.
+def _scores_block(q, kt, s, b, bk, i0, nr, blo, n):
+    """s[r, :n] = q[b, i0 + r] . kt[bk, :, blo + j] for the _QB (= 4) rows of a block.
 
     Each score is summed over the features in increasing order, starting from 0.0; four
     features are folded per pass (``((s + a) + b) + ...`` keeps that order exactly).  Rows
@@ -150,10 +153,10 @@ def _scores_block(q, kt, s, b, i0, nr, blo, n):
         s3[j] = 0.0
     c = 0
     while c + 4 <= d:
-        ka = kt[b, c, blo:blo + n]
-        kb = kt[b, c + 1, blo:blo + n]
-        kc = kt[b, c + 2, blo:blo + n]
-        kd = kt[b, c + 3, blo:blo + n]
+        ka = kt[bk, c, blo:blo + n]
+        kb = kt[bk, c + 1, blo:blo + n]
+        kc = kt[bk, c + 2, blo:blo + n]
+        kd = kt[bk, c + 3, blo:blo + n]
         q0a = q[b, r0, c]
         q0b = q[b, r0, c + 1]
         q0c = q[b, r0, c + 2]
@@ -181,7 +184,7 @@ def _scores_block(q, kt, s, b, i0, nr, blo, n):
             s3[j] = (((s3[j] + q3a * xa) + q3b * xb) + q3c * xc) + q3d * xd
         c += 4
     while c < d:
-        ka = kt[b, c, blo:blo + n]
+        ka = kt[bk, c, blo:blo + n]
         q0a = q[b, r0, c]
         q1a = q[b, r1, c]
         q2a = q[b, r2, c]
@@ -260,10 +263,11 @@ def _softmax_row(sr, mr, br, dense, has_bias, sqrt_d, inv_d, wr, bits):
     bias over the same keys (``br`` ignored unless ``has_bias``; ``mr`` ignored when
     ``dense``, i.e. every key in the range is allowed), ``wr`` receives the weights (exact 0
     for masked keys), ``bits`` is int64 scratch.  ``inv_d`` is ``1/sqrt_d`` when that is
-    exact (sqrt_d a power of two: then ``x * inv_d == x / sqrt_d`` bitwise), else 0.
+    exact (sqrt_d a power of two: then ``x * inv_d == x / sqrt_d`` bitwise) or the
+    caller's explicit scale (scores ``x * scale``), else 0.
     Returns False when an allowed score is not finite."""
     n = sr.shape[0]
-    if inv_d > 0.0:
+    if inv_d != 0.0:
         if has_bias:
             for j in range(n):
                 sr[j] = sr[j] * inv_d + br[j]
@@ -313,9 +317,9 @@ def _zero(a):
 
 
 @helper
-def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits, lo, hi, dense,
-                  live, zw, scratch, status):
-    """Rows i0 .. i0+nr-1 of batch b (see the module docstring)."""
+def _attend_block(q, kt, v, mask, bias, out, weights, b, bk, i0, nr, mb, bb, s, bits, lo, hi,
+                  dense, live, zw, scratch, status, scale):
+    """Rows i0 .. i0+nr-1 of batch b, keys/values of batch bk (see the module docstring)."""
     m_keys = kt.shape[2]
     f = v.shape[2]
     n_q = q.shape[1]
@@ -325,6 +329,8 @@ def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits
     sqrt_d = np.sqrt(np.float64(d))
     # sqrt(D) is a power of two iff D is a power of four
     inv_d = 1.0 / sqrt_d if (d & (d - 1)) == 0 and (d & 0x5555555555555555) != 0 else 0.0
+    if scale != 0.0:
+        inv_d = scale
     blo = m_keys
     bhi = -1
     for r in range(nr):
@@ -348,7 +354,7 @@ def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits
             _zero(weights[b, i0 + r])
         return
     n = bhi + 1 - blo
-    _scores_block(q, kt, s, b, i0, nr, blo, n)
+    _scores_block(q, kt, s, b, bk, i0, nr, blo, n)
     for r in range(nr):
         i = i0 + r
         wr = weights[b, i]
@@ -377,7 +383,7 @@ def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits
     o2 = out[b, i0 + 2] if nr > 2 and live[2] else scratch[2]
     w3 = weights[b, i0 + 3, blo:bhi + 1] if nr > 3 and live[3] else zw
     o3 = out[b, i0 + 3] if nr > 3 and live[3] else scratch[3]
-    _values_block(v, b, blo, n, w0, w1, w2, w3, o0, o1, o2, o3)
+    _values_block(v, bk, blo, n, w0, w1, w2, w3, o0, o1, o2, o3)
     for r in range(nr):
         i = i0 + r
         if live[r]:
@@ -390,9 +396,10 @@ def _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, mb, bb, s, bits
 
 
 @kernel
-def _attention_forward(q, k, v, mask, bias, out, weights):
+def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale):
     """See the module docstring."""
     nb, n_q, d = q.shape
+    nbk = k.shape[0]
     m_keys = k.shape[1]
     nbm = mask.shape[0]
     nbb = bias.shape[0]
@@ -400,8 +407,8 @@ def _attention_forward(q, k, v, mask, bias, out, weights):
     gb = nb // nbb if nbb > 0 else 1
 
     # keys transposed to [B, D, M] so that the score loop streams contiguous keys
-    kt = np.empty((nb, d, m_keys), dtype=np.float64)
-    for t in prange(nb * d):
+    kt = np.empty((nbk, d, m_keys), dtype=np.float64)
+    for t in prange(nbk * d):
         b = t // d
         c = t - b * d
         kr = kt[b, c]
@@ -429,8 +436,8 @@ def _attention_forward(q, k, v, mask, bias, out, weights):
             b = t // nblk
             i0 = (t - b * nblk) * _QB
             nr = min(n_q - i0, _QB)
-            _attend_block(q, kt, v, mask, bias, out, weights, b, i0, nr, b // gm, b // gb, s,
-                          bits, lo, hi, dense, live, zw, scratch, status)
+            _attend_block(q, kt, v, mask, bias, out, weights, b, b // gkv, i0, nr, b // gm,
+                          b // gb, s, bits, lo, hi, dense, live, zw, scratch, status, scale)
     for r in range(nb * n_q):
         if status[r] != 0:
             return np.int64(status[r]), np.int64(r)
@@ -486,10 +493,10 @@ def _readonly(a):
     return a
 
 
-def attention_forward(q, k, v, mask, bias, out, weights):
+def attention_forward(q, k, v, mask, bias, out, weights, gkv=1, scale=0.0):
     """Scaled dot-product attention; see the module docstring (inputs are only read)."""
     return _attention_forward(_readonly(q), _readonly(k), _readonly(v), _readonly(mask),
-                              _readonly(bias), out, weights)
+                              _readonly(bias), out, weights, np.int64(gkv), float(scale))
 
 
 def rotary_forward(x, base, offset, out):

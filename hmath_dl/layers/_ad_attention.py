@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks
 from ..autodiff.core import make_node, register_vjp
-from ..errors import MathError
 from ._ad_common import _ad, _c, _named
 
 
 # =========================================================================== attention
-def scaled_dot_product_attention_ad(q, k, v, mask=None):
+def scaled_dot_product_attention_ad(q, k, v, mask=None, *, scale=None, is_causal=False,
+                                    enable_gqa=False):
     """Differentiable :func:`~hmath_dl.layers.scaled_dot_product_attention` (no bias):
     ``out = softmax(q k^T / sqrt(D)) v``, softmax over the allowed keys.
 
@@ -26,8 +25,13 @@ def scaled_dot_product_attention_ad(q, k, v, mask=None):
     k : ADTensor or array_like, ``[..., M, D]``
     v : ADTensor or array_like, ``[..., M, F]``
         Leading axes must match those of ``q`` and ``k``.
-    mask : bool array_like ``[N, M]`` or ``[..., N, M]``, optional
-        True = allowed; not differentiated.  None allows every key.
+    mask : bool array_like ``[..., N, M]``, optional
+        True = allowed; not differentiated; leading axes broadcast.  None allows every key.
+    scale, is_causal, enable_gqa : keyword-only
+        As for :func:`~hmath_dl.layers.scaled_dot_product_attention` (explicit score scale
+        ``(q k^T) * scale``, the causal mask, grouped-query heads).  With ``enable_gqa`` the
+        gradient of a key/value head is the sum, over the query heads that share it in
+        increasing order, of their contributions.
 
     Returns
     -------
@@ -47,11 +51,19 @@ def scaled_dot_product_attention_ad(q, k, v, mask=None):
     k = _ad(fname, "k", k)
     v = _ad(fname, "v", v)
     with _named(fname):
-        out, weights = scaled_dot_product_attention(q.value, k.value, v.value, mask)
-    return make_node("attention", out, (q, k, v), (weights, 1))
+        out, weights = scaled_dot_product_attention(q.value, k.value, v.value, mask, scale=scale,
+                                                    is_causal=is_causal, enable_gqa=enable_gqa)
+    groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
+    return make_node("attention", out, (q, k, v),
+                     (weights, 1, _backward_scale(scale, q.shape[-1]), groups))
 
 
-def multihead_attention_ad(heads, q, k, v, mask=None):
+def _backward_scale(scale, d):
+    """The factor of the score gradient: the explicit scale, else ``1/sqrt(d)``."""
+    return float(scale) if scale is not None else 1.0 / np.sqrt(d)
+
+
+def multihead_attention_ad(heads, q, k, v, mask=None, *, scale=None, is_causal=False):
     """Differentiable :func:`~hmath_dl.layers.multihead_attention` (no projections):
     head ``i`` computes ``softmax(q_i k_i^T / sqrt(D/h)) v_i``.
 
@@ -74,6 +86,8 @@ def multihead_attention_ad(heads, q, k, v, mask=None):
     v : ADTensor or array_like, ``[..., M, F]``
     mask : bool array_like ``[N, M]`` or ``[..., N, M]``, optional
         True = allowed, shared by all heads; not differentiated.
+    scale, is_causal : keyword-only
+        As for :func:`~hmath_dl.layers.multihead_attention`.
 
     Returns
     -------
@@ -87,58 +101,17 @@ def multihead_attention_ad(heads, q, k, v, mask=None):
         As for :func:`~hmath_dl.layers.multihead_attention`; the message starts with
         ``multihead_attention_ad:``.
     """
-    from .attention import multihead_attention
+    from .attention import _multihead
     fname = "multihead_attention_ad"
     q = _ad(fname, "q", q)
     k = _ad(fname, "k", k)
     v = _ad(fname, "v", v)
-    prepared = _mha_prepare(fname, heads, q.value, k.value, v.value, mask)
-    if prepared is not None:
-        h, qs, ks, vs, mk = prepared
-        from .._kernels.attention import attention_forward
-        outs = np.empty(qs.shape[:2] + (vs.shape[2],))
-        weights = np.empty((qs.shape[0], qs.shape[1], ks.shape[1]))
-        status, _ = attention_forward(qs, ks, vs, mk, np.zeros((0, 0, 0)), outs, weights)
-        if status == 0:
-            return make_node("attention", _merge_heads(outs, h, q.shape[:-1] + (v.shape[-1],)),
-                             (q, k, v), (weights, h))
-    with _named(fname):  # raises the plain layer's error (or computes the value)
-        out = multihead_attention(heads, q.value, k.value, v.value, mask)
+    with _named(fname):
+        out, weights = _multihead("multihead_attention", heads, q.value, k.value, v.value, mask,
+                                  scale, is_causal)
     h = int(heads)
-    weights = _head_weights(fname, h, q.value, k.value, v.value, mask)
-    return make_node("attention", out, (q, k, v), (weights, h))
-
-
-def _mha_prepare(fname, heads, q, k, v, mask):
-    """Head-split inputs for the attention kernel, or None if anything is off (then the
-    plain layer validates and raises)."""
-    if isinstance(heads, (bool, np.bool_)) or not isinstance(heads, (int, np.integer)):
-        return None
-    h = int(heads)
-    if h < 1 or q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        return None
-    lead = q.shape[:-2]
-    n, d = q.shape[-2:]
-    m, f = v.shape[-2:]
-    if k.shape != lead + (m, d) or v.shape[:-2] != lead or d == 0 or d % h or f % h:
-        return None
-    if q.size == 0 or k.size == 0 or v.size == 0:
-        return None
-    B = q.size // (n * d)
-    if mask is None:
-        mk = np.ones((0, 0, 0), dtype=np.bool_)
-    else:
-        try:
-            mk = _checks.bool_array(fname, "mask", mask)
-        except (MathError, TypeError):
-            return None
-        if mk.shape == (n, m):
-            mk = mk.reshape(1, n, m)
-        elif mk.shape == lead + (n, m):
-            mk = mk.reshape(B, n, m)
-        else:
-            return None
-    return h, _split_heads(q, h), _split_heads(k, h), _split_heads(v, h), mk
+    return make_node("attention", out, (q, k, v),
+                     (weights, h, _backward_scale(scale, q.shape[-1] // h), 1))
 
 
 def _split_heads(a, h):
@@ -154,43 +127,45 @@ def _merge_heads(a, h, shape):
     return np.ascontiguousarray(a.reshape(b, h, n, dh).transpose(0, 2, 1, 3)).reshape(shape)
 
 
-def _head_weights(fname, h, q, k, v, mask):
-    from .._kernels.attention import attention_forward
-    qs, ks, vs = _split_heads(q, h), _split_heads(k, h), _split_heads(v, h)
-    B = qs.shape[0] // h
-    n, m = q.shape[-2], k.shape[-2]
-    if mask is None:
-        mk = np.ones((0, 0, 0), dtype=np.bool_)
-    else:
-        mk = _checks.bool_array(fname, "mask", mask)
-        mk = np.ascontiguousarray(np.broadcast_to(mk, q.shape[:-2] + (n, m))).reshape(B, n, m)
-    out = np.empty(qs.shape[:2] + (vs.shape[2],))
-    weights = np.empty((qs.shape[0], n, m))
-    if weights.size:
-        attention_forward(qs, ks, vs, mk, np.zeros((0, 0, 0)), out, weights)
-    return weights
-
-
 def _vjp_attention(g, node, needs):
     from .._kernels.backward import attention_backward
     q, k, v = node.parents
-    weights, h = node.ctx
+    weights, h, scale, groups = node.ctx
+    kv, vv = k.value, v.value
+    if groups > 1:   # grouped-query: every query head gets its key/value head
+        kv, vv = np.repeat(kv, groups, axis=-3), np.repeat(vv, groups, axis=-3)
     if h == 1:
-        n, d = q.shape[-2:]
-        m, f = v.shape[-2:]
-        qs, ks, vs = (a.value.reshape(-1, *a.shape[-2:]) for a in (q, k, v))
+        n = q.shape[-2]
+        m, f = vv.shape[-2:]
+        qs = q.value.reshape(-1, *q.shape[-2:])
+        ks, vs = kv.reshape(-1, *kv.shape[-2:]), vv.reshape(-1, m, f)
         gs = _c(g).reshape(-1, n, f)
         ps = weights.reshape(-1, n, m)
     else:
-        qs, ks, vs = (_split_heads(a.value, h) for a in (q, k, v))
+        qs, ks, vs = _split_heads(q.value, h), _split_heads(kv, h), _split_heads(vv, h)
         gs = _split_heads(_c(g), h)
         ps = weights
-        d = q.shape[-1] // h
     dq, dk, dv = np.empty(qs.shape), np.empty(ks.shape), np.empty(vs.shape)
-    attention_backward(qs, ks, vs, ps, gs, 1.0 / np.sqrt(d), dq, dk, dv)
+    if dq.size or dk.size:
+        attention_backward(qs, ks, vs, ps, gs, scale, dq, dk, dv)
     if h == 1:
-        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
-    return _merge_heads(dq, h, q.shape), _merge_heads(dk, h, k.shape), _merge_heads(dv, h, v.shape)
+        dq, dk, dv = dq.reshape(q.shape), dk.reshape(kv.shape), dv.reshape(vv.shape)
+    else:
+        dq, dk, dv = (_merge_heads(dq, h, q.shape), _merge_heads(dk, h, kv.shape),
+                      _merge_heads(dv, h, vv.shape))
+    if groups > 1:
+        dk, dv = _sum_groups(dk, groups, k.shape), _sum_groups(dv, groups, v.shape)
+    return dq, dk, dv
+
+
+def _sum_groups(d, groups, shape):
+    """``[..., Hk*groups, M, X] -> [..., Hk, M, X]``: the sum over each key/value head's
+    query heads, in increasing order (elementwise adds, a fixed order)."""
+    parts = d.reshape(shape[:-2] + (groups,) + shape[-2:])
+    total = parts[..., 0, :, :].copy()
+    for i in range(1, groups):
+        total += parts[..., i, :, :]
+    return total
 
 
 RULES = {

@@ -34,13 +34,28 @@ def _prod(shape) -> int:
     return out
 
 
-def _qkv(fname, q, k, v):
-    """Validate q [..., N, D], k [..., M, D], v [..., M, F]; returns the arrays."""
-    q = _checks.tensor(fname, "q", q, min_ndim=2)
-    k = _checks.tensor(fname, "k", k, min_ndim=2)
-    v = _checks.tensor(fname, "v", v, min_ndim=2)
+def _qkv(fname, q, k, v, gqa=False):
+    """Validate q [..., N, D], k [..., M, D], v [..., M, F]; returns ``(q, k, v, groups)``.
+
+    With ``gqa`` q is ``[..., Hq, N, D]`` and k, v are ``[..., Hk, M, *]`` with ``Hq % Hk ==
+    0``; ``groups = Hq // Hk`` query heads share one key/value head (1 without gqa)."""
+    q = _checks.tensor(fname, "q", q, min_ndim=3 if gqa else 2)
+    k = _checks.tensor(fname, "k", k, min_ndim=3 if gqa else 2)
+    v = _checks.tensor(fname, "v", v, min_ndim=3 if gqa else 2)
     lead = q.shape[:-2]
-    if k.ndim != q.ndim or k.shape[:-2] != lead or v.ndim != q.ndim or v.shape[:-2] != lead:
+    groups = 1
+    if gqa and k.ndim == q.ndim and v.ndim == q.ndim:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        if hk != hv or hk == 0 or hq % hk:
+            raise ShapeError(
+                f"{fname}: with enable_gqa the query heads must be a multiple of the key/value "
+                f"heads (got q {_checks.shape_str(q.shape)}, k {_checks.shape_str(k.shape)}, "
+                f"v {_checks.shape_str(v.shape)}: Hq {hq}, Hk {hk}, Hv {hv})")
+        groups = hq // hk
+        kv_lead = lead[:-1] + (hk,)
+    else:
+        kv_lead = lead
+    if k.ndim != q.ndim or k.shape[:-2] != kv_lead or v.ndim != q.ndim or v.shape[:-2] != kv_lead:
         raise ShapeError(
             f"{fname}: q, k and v must have the same leading batch axes (got q "
             f"{_checks.shape_str(q.shape)}, k {_checks.shape_str(k.shape)}, v "
@@ -57,24 +72,59 @@ def _qkv(fname, q, k, v):
         raise ShapeError(
             f"{fname}: q and k must have at least one feature (got D = 0, q "
             f"{_checks.shape_str(q.shape)}; the scale 1/sqrt(D) is undefined)")
-    return q, k, v
+    return q, k, v, groups
+
+
+def _scale(fname, scale):
+    """The explicit score scale (finite, non-zero), or 0.0 for the default ``1/sqrt(D)``
+    (which the kernel applies as a division by ``sqrt(D)``)."""
+    if scale is None:
+        return 0.0
+    value = _checks.real(fname, "scale", scale)
+    if value == 0.0:
+        raise DomainError(f"{fname}: scale must be non-zero (got {scale!r})")
+    return value
+
+
+def _mask(fname, mask, is_causal, n, m):
+    """``mask`` after ``is_causal``: the causal mask ``causal_mask(N, M, 0)`` when asked for
+    (a DomainError together with an explicit mask)."""
+    if not _checks.boolean(fname, "is_causal", is_causal):
+        return mask
+    if mask is not None:
+        raise DomainError(f"{fname}: is_causal=True and an explicit mask are exclusive "
+                          f"(give one of them)")
+    return np.arange(m)[None, :] <= np.arange(n)[:, None]
 
 
 def _pairwise(fname, name, x, lead, n, m, convert):
-    """A mask/bias of shape [N, M] or lead + [N, M], returned as [1 or prod(lead), N, M]."""
+    """A mask/bias ``[..., N, M]`` whose leading axes broadcast (numpy rules) against
+    ``lead``, returned as ``[Bm, N, M]`` for the kernel, which gives flat batch ``b`` the
+    entry ``b // (prod(lead) // Bm)``.  That indexing covers every mask that varies only
+    over a prefix of ``lead`` (``[N, M]``, ``[1, N, M]``, ``[B, 1, N, M]``, the full shape)
+    without a copy; any other broadcast (e.g. ``[H, N, M]`` against ``(B, H)``) is
+    materialised."""
     a = convert(fname, name, x)
-    if a.shape == (n, m):
-        return a.reshape(1, n, m)
-    if a.ndim == len(lead) + 2 and a.shape == tuple(lead) + (n, m):
-        return a.reshape(_prod(lead), n, m)
-    want = _checks.shape_str((n, m))
-    full = _checks.shape_str(tuple(lead) + (n, m))
-    expected = want if not lead else f"{want} or {full}"
-    raise ShapeError(f"{fname}: {name} must have shape {expected} "
-                     f"(got {_checks.shape_str(a.shape)})")
+    want = _checks.shape_str(tuple(lead) + (n, m))
+    if a.ndim < 2 or a.shape[-2:] != (n, m) or a.ndim > len(lead) + 2:
+        raise ShapeError(f"{fname}: {name} must have shape [..., {n}, {m}] broadcastable to "
+                         f"{want} (got {_checks.shape_str(a.shape)})")
+    alead = (1,) * (len(lead) + 2 - a.ndim) + a.shape[:-2]
+    for have, full in zip(alead, lead):
+        if have not in (1, full):
+            raise ShapeError(f"{fname}: {name} of shape {_checks.shape_str(a.shape)} does not "
+                             f"broadcast to {want}")
+    # the longest prefix of lead that the mask spans in full, then only ones
+    k = 0
+    while k < len(lead) and alead[k] == lead[k]:
+        k += 1
+    if all(x == 1 for x in alead[k:]):
+        return np.ascontiguousarray(a).reshape(_prod(lead[:k]), n, m)
+    full = np.broadcast_to(a.reshape(alead + (n, m)), tuple(lead) + (n, m))
+    return np.ascontiguousarray(full).reshape(_prod(lead), n, m)
 
 
-def _attention(fname, q, k, v, mask, bias):
+def _attention(fname, q, k, v, mask, bias, groups=1, scale=0.0):
     """Validated arrays in, (out, weights) out; raises on a bad kernel status."""
     lead = q.shape[:-2]
     n, d = q.shape[-2:]
@@ -91,26 +141,30 @@ def _attention(fname, q, k, v, mask, bias):
     weights = _checks.alloc(fname, lead + (n, m))
     if b * n == 0:
         return out, weights
-    status, row = attention_forward(q.reshape(b, n, d), k.reshape(b, m, d), v.reshape(b, m, f),
-                                    mk, bs, out.reshape(b, n, f), weights.reshape(b, n, m))
+    status, row = attention_forward(q.reshape(b, n, d), k.reshape(b // groups, m, d),
+                                    v.reshape(b // groups, m, f), mk, bs,
+                                    out.reshape(b, n, f), weights.reshape(b, n, m),
+                                    groups, scale)
     if status != 0:
         where = tuple(int(i) for i in np.unravel_index(int(row), tuple(lead) + (n,)))
         if status == 1:
             raise NumericOverflow(
                 f"{fname}: an attention score of query row {where} is not finite "
-                f"(q k^T / sqrt(D) + bias overflowed float64)")
+                f"(q k^T * scale + bias overflowed float64)")
         raise NumericOverflow(
             f"{fname}: the output of query row {where} is not finite "
             f"(weights @ v overflowed float64)")
     return out, weights
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, bias=None):
+def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, is_causal=False,
+                                 enable_gqa=False):
     """Scaled dot-product attention with explicit mask and additive bias.
 
     For every batch index and query row ``i``::
 
         s[i, j]   = (q[i] . k[j]) / sqrt(D) + bias[i, j]          (allowed keys j only)
+                    (or (q[i] . k[j]) * scale + bias[i, j] with an explicit scale)
         w[i, j]   = exp(s[i, j] - max_j s[i, j]) / sum_j exp(s[i, j] - max_j s[i, j])
         out[i, f] = sum_j w[i, j] * v[j, f]
 
@@ -123,17 +177,31 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None):
     q : array_like, shape ``[..., N, D]``, ``D >= 1``
     k : array_like, shape ``[..., M, D]``
     v : array_like, shape ``[..., M, F]``
-        The leading batch axes of ``q``, ``k`` and ``v`` must be identical.
-    mask : array_like of bool, shape ``[N, M]`` or ``[..., N, M]``, optional
-        True = allowed (integers 0/1 are accepted).  ``[N, M]`` applies to every batch
-        index.  None allows every key.
-    bias : array_like, shape ``[N, M]`` or ``[..., N, M]``, optional
-        Finite additive score bias (exclude keys with the mask, not with ``-inf``).
+        The leading batch axes of ``q``, ``k`` and ``v`` must be identical (except the
+        head axis with ``enable_gqa``).  A leading axis of length 0 gives empty results.
+    mask : array_like of bool, shape ``[..., N, M]``, optional
+        True = allowed (integers 0/1 are accepted).  Its leading axes broadcast (numpy
+        rules) against the output's, e.g. ``[N, M]`` or ``[1, N, M]`` for every batch
+        index and head.  None allows every key.
+    bias : array_like, shape ``[..., N, M]``, optional
+        Finite additive score bias (exclude keys with the mask, not with ``-inf``);
+        broadcasts like ``mask``.
+    scale : float, optional (keyword-only)
+        Finite, non-zero: scores are ``(q . k) * scale + bias``.  None (default):
+        ``(q . k) / sqrt(D)``, a correctly rounded division (so ``scale=1/sqrt(D)`` can
+        differ from the default in the last bit).
+    is_causal : bool, default False (keyword-only)
+        Use ``causal_mask(N, M, 0)`` (top-left aligned, as PyTorch); together with an
+        explicit ``mask`` it raises ``DomainError``.
+    enable_gqa : bool, default False (keyword-only)
+        Grouped-query attention: ``q [..., Hq, N, D]``, ``k [..., Hk, M, D]``,
+        ``v [..., Hk, M, F]`` with ``Hq % Hk == 0``; query head ``h`` attends with
+        key/value head ``h // (Hq // Hk)`` (no copy of ``k``/``v`` is made).
 
     Returns
     -------
     out : ndarray, shape ``[..., N, F]``
-    weights : ndarray, shape ``[..., N, M]``
+    weights : ndarray, shape ``[..., N, M]`` (``[..., Hq, N, M]`` with ``enable_gqa``)
         Each row sums to 1 (up to rounding), or is all zeros for a fully masked row.
 
     Notes
@@ -148,18 +216,23 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None):
     Raises
     ------
     ShapeError
-        ranks or shapes that do not fit (including ``D == 0``).
+        ranks or shapes that do not fit (including ``D == 0``, a mask/bias that does not
+        broadcast, GQA head counts that do not divide).
     NonFiniteError
         NaN/inf in ``q``, ``k``, ``v`` or ``bias``.
     NumericOverflow
         an allowed score is not finite (``q . k`` overflowed float64), or an output is not
         finite.
     TypeError, DomainError
-        a mask that is not boolean (or 0/1).
+        a mask that is not boolean (or 0/1); ``scale`` zero or not finite; ``is_causal``
+        with ``mask``.
     """
     fname = "scaled_dot_product_attention"
-    q, k, v = _qkv(fname, q, k, v)
-    return _attention(fname, q, k, v, mask, bias)
+    sc = _scale(fname, scale)
+    gqa = _checks.boolean(fname, "enable_gqa", enable_gqa)
+    q, k, v, groups = _qkv(fname, q, k, v, gqa)
+    mask = _mask(fname, mask, is_causal, q.shape[-2], k.shape[-2])
+    return _attention(fname, q, k, v, mask, bias, groups, sc)
 
 
 def _split_heads(a, h):
@@ -171,7 +244,7 @@ def _split_heads(a, h):
         a.reshape(b, n, h, d // h).transpose(0, 2, 1, 3)).reshape(b * h, n, d // h)
 
 
-def multihead_attention(heads, q, k, v, mask=None):
+def multihead_attention(heads, q, k, v, mask=None, *, scale=None, is_causal=False):
     """Multi-head attention without projections.
 
     Head ``i`` (``0 <= i < heads``) is :func:`scaled_dot_product_attention` of the feature
@@ -184,7 +257,12 @@ def multihead_attention(heads, q, k, v, mask=None):
     ----------
     heads : int, ``>= 1``, dividing both ``D`` and ``F``
     q, k, v : array_like, shapes ``[..., N, D]``, ``[..., M, D]``, ``[..., M, F]``
-    mask : array_like of bool, ``[N, M]`` or ``[..., N, M]``, optional (True = allowed)
+    mask : array_like of bool, ``[..., N, M]``, optional (True = allowed)
+        Leading axes broadcast against ``q``'s leading axes; shared by all heads.
+    scale : float, optional (keyword-only)
+        Finite, non-zero score scale for every head; None: ``/ sqrt(D/h)``.
+    is_causal : bool, default False (keyword-only)
+        ``causal_mask(N, M, 0)`` for every head; exclusive with ``mask``.
 
     Returns
     -------
@@ -197,9 +275,16 @@ def multihead_attention(heads, q, k, v, mask=None):
     ShapeError, NonFiniteError, NumericOverflow
         as for :func:`scaled_dot_product_attention`.
     """
-    fname = "multihead_attention"
+    return _multihead("multihead_attention", heads, q, k, v, mask, scale, is_causal)[0]
+
+
+def _multihead(fname, heads, q, k, v, mask, scale, is_causal):
+    """``(out, weights)`` of :func:`multihead_attention`; ``weights [prod(...)*h, N, M]``
+    are the per-head attention weights (for the differentiable twin)."""
     h = _checks.integer(fname, "heads", heads, min=1)
-    q, k, v = _qkv(fname, q, k, v)
+    sc = _scale(fname, scale)
+    q, k, v, _ = _qkv(fname, q, k, v)
+    mask = _mask(fname, mask, is_causal, q.shape[-2], k.shape[-2])
     d = q.shape[-1]
     f = v.shape[-1]
     if d % h != 0:
@@ -218,13 +303,13 @@ def multihead_attention(heads, q, k, v, mask=None):
         mk = _pairwise(fname, "mask", mask, lead, n, m, _checks.bool_array)
     out = _checks.alloc(fname, lead + (n, f))
     if b * n == 0:
-        return out
+        return out, _checks.alloc(fname, (b * h, n, m))
     qs = _split_heads(q, h)
     ks = _split_heads(k, h)
     vs = _split_heads(v, h)
     outs = _checks.alloc(fname, (b * h, n, f // h))
     weights = _checks.alloc(fname, (b * h, n, m))
-    status, row = attention_forward(qs, ks, vs, mk, _NO_BIAS, outs, weights)
+    status, row = attention_forward(qs, ks, vs, mk, _NO_BIAS, outs, weights, 1, sc)
     if status != 0:
         bh, i = divmod(int(row), n)
         bi, head = divmod(bh, h)
@@ -233,7 +318,7 @@ def multihead_attention(heads, q, k, v, mask=None):
         raise NumericOverflow(f"{fname}: {what} of head {head}, query row {where} is not "
                               f"finite (float64 overflow)")
     out[...] = outs.reshape(lead + (h, n, f // h)).swapaxes(-3, -2).reshape(lead + (n, f))
-    return out
+    return out, weights
 
 
 def causal_mask(queries, keys, offset):

@@ -28,10 +28,19 @@ class ShapeOrDomainError(ShapeError, DomainError):
     either :class:`~hmath_dl.errors.ShapeError` or :class:`~hmath_dl.errors.DomainError`."""
 
 
+_PADDING_STRINGS = ("valid", "same")
+
+
 def _option_field(name, value, lo):
     """Normalise one ConvOptions field: an int (kept as int, broadcast at call time) or a
-    sequence of ints (kept as a tuple), each >= lo."""
+    sequence of ints (kept as a tuple), each >= lo; ``padding`` may also be ``"valid"`` or
+    ``"same"``."""
     fname = "ConvOptions"
+    if name == "padding" and isinstance(value, str):
+        if value not in _PADDING_STRINGS:
+            raise DomainError(f"{fname}: padding must be an int, a tuple of ints, 'valid' or "
+                              f"'same' (got {value!r})")
+        return value
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return _checks.integer(fname, name, value, min=lo)
     return _checks.int_tuple(fname, name, value, min=lo)
@@ -45,8 +54,11 @@ class ConvOptions:
     ----------
     stride : int or tuple of int
         Step between output positions per spatial axis, each >= 1.
-    padding : int or tuple of int
-        Symmetric zero padding per spatial axis, each >= 0.
+    padding : int, tuple of int, ``"valid"`` or ``"same"``
+        Symmetric zero padding per spatial axis, each >= 0.  ``"valid"`` means 0.
+        ``"same"`` (stride 1 on every axis, else ``DomainError`` when used) pads each axis
+        by ``total = d(K-1)`` zeros in all, ``total // 2`` before and the rest after
+        (PyTorch's split), so the output has the input's size.
     dilation : int or tuple of int
         Spacing between kernel taps per spatial axis, each >= 1.
     groups : int, default 1
@@ -80,19 +92,63 @@ def _options(fname, options):
     return options
 
 
-def _per_axis(fname, options, rank):
-    return (_checks.int_tuple(fname, "options.stride", options.stride, rank, min=1),
-            _checks.int_tuple(fname, "options.padding", options.padding, rank, min=0),
-            _checks.int_tuple(fname, "options.dilation", options.dilation, rank, min=1))
+def _per_axis(fname, options, rank, kernel=None):
+    """``(stride, padding, dilation, crop)`` per spatial axis.
+
+    ``padding`` is the symmetric padding the kernels run with.  For ``"same"`` with an odd
+    total ``d(K-1)`` PyTorch pads one zero more after than before; that equals symmetric
+    padding by the larger amount with the first output position cut off, so ``crop[a]``
+    (0 or 1) is the number of leading output positions to drop on axis ``a``."""
+    stride = _checks.int_tuple(fname, "options.stride", options.stride, rank, min=1)
+    dilation = _checks.int_tuple(fname, "options.dilation", options.dilation, rank, min=1)
+    crop = (0,) * rank
+    if options.padding == "valid":
+        padding = (0,) * rank
+    elif options.padding == "same":
+        if any(st != 1 for st in stride):
+            raise DomainError(f"{fname}: padding 'same' needs stride 1 on every axis "
+                              f"(got stride {stride})")
+        if kernel is None:
+            raise DomainError(f"{fname}: padding 'same' is not defined here "
+                              f"(use 'valid' or explicit padding)")
+        total = tuple(dilation[a] * (kernel[a] - 1) for a in range(rank))
+        padding = tuple(t - t // 2 for t in total)
+        crop = tuple(t - 2 * (t // 2) for t in total)
+    else:
+        padding = _checks.int_tuple(fname, "options.padding", options.padding, rank, min=0)
+    return stride, padding, dilation, crop
+
+
+def _crop(out, crop):
+    """``out`` without its first ``crop[a]`` positions on spatial axis ``a`` (a new
+    C-contiguous array; ``out`` itself when nothing is cropped)."""
+    if not any(crop):
+        return out
+    return np.ascontiguousarray(out[(slice(None), slice(None)) +
+                                    tuple(slice(c, None) for c in crop)])
 
 
 def _inputs(fname, x, weights, finite_x=True):
-    x = _checks.tensor(fname, "x", x, min_ndim=3, max_ndim=5, nonempty=True, finite=finite_x)
-    w = _checks.tensor(fname, "weights", weights, nonempty=True)
+    """``(x, w, unbatched)``: ``x`` with a batch axis (an unbatched ``[Cin, *S]`` input,
+    ``x.ndim == weights.ndim - 1``, gets a leading axis of length 1).  A batch of 0 is
+    valid; every other axis must be non-empty."""
+    w = _checks.tensor(fname, "weights", weights, min_ndim=3, max_ndim=5, nonempty=True)
+    x = _checks.tensor(fname, "x", x, min_ndim=2, max_ndim=5, finite=finite_x)
+    unbatched = x.ndim == w.ndim - 1
+    if unbatched:
+        x = x.reshape((1,) + x.shape)
     if w.ndim != x.ndim:
-        raise ShapeError(f"{fname}: weights must have {x.ndim} axes like x "
-                         f"(got weights {_checks.shape_str(w.shape)}, x {_checks.shape_str(x.shape)})")
-    return x, w
+        raise ShapeError(f"{fname}: weights must have {x.ndim} axes like x (or x one axis fewer, "
+                         f"unbatched) (got weights {_checks.shape_str(w.shape)}, "
+                         f"x {_checks.shape_str(x.shape[unbatched:])})")
+    if 0 in x.shape[1:]:
+        raise ShapeError(f"{fname}: x must not have an empty channel or spatial axis "
+                         f"(got shape {_checks.shape_str(x.shape[unbatched:])})")
+    return x, w, unbatched
+
+
+def _unbatch(out, unbatched):
+    return out[0] if unbatched else out
 
 
 def _bias(fname, bias, cout):
@@ -129,7 +185,7 @@ def _checked(fname, out, finite):
     return out
 
 
-def _forward(fname, x, w, bias, stride, padding, dilation, groups):
+def _forward(fname, x, w, bias, stride, padding, dilation, groups, crop):
     """Shared tail of convolution / depthwise_convolution (shapes already consistent; the
     finiteness of ``x`` not yet checked -- it is checked here, after the kernel, which
     usually verifies it as it copies the input, so that x is read once)."""
@@ -143,13 +199,15 @@ def _forward(fname, x, w, bias, stride, padding, dilation, groups):
     if any(padding):
         _checks.check_size(fname, x.shape[:2] + tuple(S[a] + 2 * padding[a] for a in range(len(S))))
     out = _checks.alloc(fname, (x.shape[0], w.shape[0]) + O)
+    if x.shape[0] == 0:                       # an empty batch: nothing to compute
+        return _crop(out, crop)
     _, finite, x_finite = conv_nd(x, w, bias, stride, padding, dilation, groups, out=out,
                                   report_finite=True)
     if not x_finite:
         # x was validated without its finiteness scan: the row kernel checks every input
         # element as it copies it; other paths scan here (NonFiniteError before overflow)
         _checks.require_finite(fname, "x", x)
-    return _checked(fname, out, finite)
+    return _crop(_checked(fname, out, finite), crop)
 
 
 # --------------------------------------------------------------------------- public
@@ -160,7 +218,9 @@ def convolution(options, x, weights, bias=None):
     ----------
     options : ConvOptions
         stride ``s``, padding ``p``, dilation ``d`` (one per spatial axis) and ``groups``.
-    x : array_like, shape (N, Cin, *S)
+    x : array_like, shape (N, Cin, *S) or, unbatched, (Cin, *S)
+        ``x.ndim == weights.ndim - 1`` means unbatched: the result is then the batched
+        result's first item, ``(Cout, *O)``, bit for bit.  ``N == 0`` gives an empty result.
         Input with 1-3 spatial axes.
     weights : array_like, shape (Cout, Cin/groups, *K)
     bias : array_like of length Cout, or None
@@ -190,9 +250,9 @@ def convolution(options, x, weights, bias=None):
     """
     fname = "convolution"
     options = _options(fname, options)
-    x, w = _inputs(fname, x, weights, finite_x=False)
+    x, w, unbatched = _inputs(fname, x, weights, finite_x=False)
     rank = x.ndim - 2
-    stride, padding, dilation = _per_axis(fname, options, rank)
+    stride, padding, dilation, crop = _per_axis(fname, options, rank, w.shape[2:])
     groups = options.groups
     cin, cout = x.shape[1], w.shape[0]
     _require_divisible(fname, "input channel count", cin, groups)
@@ -201,7 +261,7 @@ def convolution(options, x, weights, bias=None):
         raise ShapeError(f"{fname}: weights have {w.shape[1]} input channels per group, "
                          f"input has {cin} channels / groups {groups}")
     b = _bias(fname, bias, cout)
-    return _forward(fname, x, w, b, stride, padding, dilation, groups)
+    return _unbatch(_forward(fname, x, w, b, stride, padding, dilation, groups, crop), unbatched)
 
 
 def transposed_convolution(output_padding, options, x, weights, bias=None):
@@ -212,10 +272,14 @@ def transposed_convolution(output_padding, options, x, weights, bias=None):
     ----------
     output_padding : int or tuple of int
         Extra output positions at the end of each spatial axis, ``0 <= output_padding <
-        stride`` per axis (an int is broadcast to every axis).
+        max(stride, dilation)`` per axis (PyTorch's rule; an int is broadcast to every axis).
     options : ConvOptions
-        stride ``s``, padding ``p``, dilation ``d`` and ``groups``.
-    x : array_like, shape (N, Cin, *S)
+        stride ``s``, padding ``p``, dilation ``d`` and ``groups``.  ``padding="valid"``
+        means 0; ``"same"`` is not defined for a transposed convolution (``DomainError``,
+        as in PyTorch).
+    x : array_like, shape (N, Cin, *S) or, unbatched, (Cin, *S)
+        ``x.ndim == weights.ndim - 1`` means unbatched: the result is then the batched
+        result's first item, ``(Cout, *O)``, bit for bit.  ``N == 0`` gives an empty result.
     weights : array_like, shape (Cin, Cout/groups, *K)
     bias : array_like of length Cout, or None
 
@@ -232,18 +296,19 @@ def transposed_convolution(output_padding, options, x, weights, bias=None):
     ------
     TypeError, ShapeError, ShapeOrDomainError, NonFiniteError, NumericOverflow
         As for :func:`convolution` (here ``weights.shape[0]`` must equal Cin);
-        ``DomainError`` for an output padding outside ``[0, stride)``.
+        ``DomainError`` for an output padding outside ``[0, max(stride, dilation))``.
     """
     fname = "transposed_convolution"
     options = _options(fname, options)
-    x, w = _inputs(fname, x, weights)
+    x, w, unbatched = _inputs(fname, x, weights)
     rank = x.ndim - 2
-    stride, padding, dilation = _per_axis(fname, options, rank)
+    stride, padding, dilation, _ = _per_axis(fname, options, rank)
     op = _checks.int_tuple(fname, "output_padding", output_padding, rank, min=0)
     for a in range(rank):
-        if op[a] >= stride[a]:
-            raise DomainError(f"{fname}: output_padding must be < stride on every axis "
-                              f"(got output_padding {op[a]}, stride {stride[a]} on spatial axis {a})")
+        if op[a] >= max(stride[a], dilation[a]):
+            raise DomainError(f"{fname}: output_padding must be < max(stride, dilation) on every "
+                              f"axis (got output_padding {op[a]}, stride {stride[a]}, dilation "
+                              f"{dilation[a]} on spatial axis {a})")
     groups = options.groups
     cin = x.shape[1]
     _require_divisible(fname, "input channel count", cin, groups)
@@ -267,9 +332,11 @@ def transposed_convolution(output_padding, options, x, weights, bias=None):
     _checks.check_size(fname, (x.shape[0], nph * cin) +
                        tuple(-(-O[a] // stride[a]) + K[a] * dilation[a] for a in range(rank)))
     out = _checks.alloc(fname, (x.shape[0], cout) + O)
+    if x.shape[0] == 0:                       # an empty batch: nothing to compute
+        return _unbatch(out, unbatched)
     _, finite = conv_transpose_nd(x, w, b, stride, padding, dilation, op, groups, out=out,
                                   report_finite=True)
-    return _checked(fname, out, finite)
+    return _unbatch(_checked(fname, out, finite), unbatched)
 
 
 def depthwise_convolution(options, x, weights, bias=None):
@@ -280,7 +347,9 @@ def depthwise_convolution(options, x, weights, bias=None):
     options : ConvOptions
         stride, padding, dilation; ``options.groups`` must be 1 (the default, meaning
         "not set") or Cin, anything else raises ``DomainError``.
-    x : array_like, shape (N, Cin, *S)
+    x : array_like, shape (N, Cin, *S) or, unbatched, (Cin, *S)
+        ``x.ndim == weights.ndim - 1`` means unbatched: the result is then the batched
+        result's first item, ``(Cout, *O)``, bit for bit.  ``N == 0`` gives an empty result.
     weights : array_like, shape (Cin*m, 1, *K)
         ``m`` output channels per input channel (channel multiplier).
     bias : array_like of length Cin*m, or None
@@ -300,9 +369,9 @@ def depthwise_convolution(options, x, weights, bias=None):
     """
     fname = "depthwise_convolution"
     options = _options(fname, options)
-    x, w = _inputs(fname, x, weights, finite_x=False)
+    x, w, unbatched = _inputs(fname, x, weights, finite_x=False)
     rank = x.ndim - 2
-    stride, padding, dilation = _per_axis(fname, options, rank)
+    stride, padding, dilation, crop = _per_axis(fname, options, rank, w.shape[2:])
     cin = x.shape[1]
     if options.groups not in (1, cin):
         raise DomainError(f"{fname}: options.groups must be 1 or the input channel count {cin} "
@@ -314,4 +383,4 @@ def depthwise_convolution(options, x, weights, bias=None):
         raise ShapeError(f"{fname}: weights have {w.shape[0]} output channels, not a multiple of "
                          f"the input's {cin} channels")
     b = _bias(fname, bias, w.shape[0])
-    return _forward(fname, x, w, b, stride, padding, dilation, cin)
+    return _unbatch(_forward(fname, x, w, b, stride, padding, dilation, cin, crop), unbatched)

@@ -29,7 +29,8 @@ from ._ad_attention import multihead_attention_ad, scaled_dot_product_attention_
 from ._ad_norm import batch_norm_ad, layer_norm_ad, rms_norm_ad
 from ._ad_pool import pooling_ad
 
-__all__ = ["dense_ad", "convolution_ad", "transposed_convolution_ad", "layer_norm_ad",
+__all__ = ["dense_ad", "convolution_ad", "transposed_convolution_ad",
+           "depthwise_convolution_ad", "spatial_dropout_ad", "layer_norm_ad",
            "rms_norm_ad", "batch_norm_ad", "pooling_ad", "embedding_ad", "dropout_ad",
            "scaled_dot_product_attention_ad", "multihead_attention_ad"]
 
@@ -84,11 +85,34 @@ def _vjp_dense(g, node, needs):
 
 
 # =========================================================================== convolution
-def _conv_geometry(options, r):
-    s = _tuple(options.stride, r)
-    p = _tuple(options.padding, r)
-    d = _tuple(options.dilation, r)
-    return s, p, d, int(getattr(options, "groups", 1))
+def _conv_geometry(fname, options, r, kernel, groups=None):
+    """``(stride, symmetric padding, dilation, groups, crop)`` as the plain layer runs them
+    (options already validated by it; see ``convolution._per_axis`` for ``crop``)."""
+    from .convolution import _per_axis
+    s, p, d, crop = _per_axis(fname, options, r, kernel)
+    return s, p, d, int(options.groups if groups is None else groups), crop
+
+
+def _batched(fname, x, w, fn):
+    """Run ``fn(x_batched)`` for an unbatched ``x`` (``x.ndim == w.ndim - 1``): ``x`` gets a
+    leading axis of length 1 (an autodiff reshape, so the gradient flows back) and the
+    result loses it again; None when ``x`` is batched."""
+    if x.ndim != w.ndim - 1:
+        return None
+    from ..autodiff.ops import reshape
+    with _named(fname):
+        out = fn(reshape(x, (1,) + x.shape))
+    return reshape(out, out.shape[1:])
+
+
+def _uncrop(g, crop):
+    """The cotangent of a cropped output (``"same"`` padding with an odd total): ``g``
+    placed after ``crop[a]`` zeros on every spatial axis."""
+    if not any(crop):
+        return g
+    full = np.zeros(g.shape[:2] + tuple(n + c for n, c in zip(g.shape[2:], crop)))
+    full[(slice(None), slice(None)) + tuple(slice(c, None) for c in crop)] = g
+    return full
 
 
 def convolution_ad(options, x, w, bias):
@@ -131,8 +155,51 @@ def convolution_ad(options, x, w, bias):
     with _named(fname):
         value = convolution(options, x.value, w.value,
                             None if bias is None else bias.value)
-    r = x.ndim - 2
-    return make_node("convolution", value, _parents(x, w, bias), _conv_geometry(options, r))
+        if x.ndim == w.ndim - 1:
+            return _batched(fname, x, w, lambda xb: convolution_ad(options, xb, w, bias))
+        geometry = _conv_geometry(fname, options, x.ndim - 2, w.shape[2:])
+    return make_node("convolution", value, _parents(x, w, bias), geometry)
+
+
+def depthwise_convolution_ad(options, x, w, bias):
+    """Differentiable :func:`~hmath_dl.layers.depthwise_convolution`: :func:`convolution_ad`
+    with ``groups = Cin`` and ``w [Cin*m, 1, *K]``,
+    ``y[n, co, o] = bias[co] + sum_k w[co, 0, k] x[n, co // m, o s - p + k d]``.
+
+    Parameters
+    ----------
+    options : ConvOptions
+        Stride, padding (ints, ``"valid"`` or ``"same"``), dilation; ``options.groups``
+        1 or Cin.
+    x : ADTensor or array_like, ``[N, Cin, *S]`` or unbatched ``[Cin, *S]``
+        A non-ADTensor argument is a constant (no gradient); so for ``w`` and ``bias``.
+    w : ADTensor or array_like, ``[Cin*m, 1, *K]``
+    bias : ADTensor or array_like of length ``Cin*m``, or None
+
+    Returns
+    -------
+    ADTensor ``[N, Cin*m, *O]`` (``[Cin*m, *O]`` unbatched)
+        Forward numbers those of the plain layer; gradients as for :func:`convolution_ad`.
+
+    Raises
+    ------
+    TypeError, ShapeError, DomainError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.depthwise_convolution`; the message starts with
+        ``depthwise_convolution_ad:``.
+    """
+    from .convolution import depthwise_convolution
+    fname = "depthwise_convolution_ad"
+    x = _ad(fname, "x", x)
+    w = _ad(fname, "w", w)
+    bias = _opt_ad(fname, "bias", bias)
+    with _named(fname):
+        value = depthwise_convolution(options, x.value, w.value,
+                                      None if bias is None else bias.value)
+        if x.ndim == w.ndim - 1:
+            return _batched(fname, x, w,
+                            lambda xb: depthwise_convolution_ad(options, xb, w, bias))
+        geometry = _conv_geometry(fname, options, x.ndim - 2, w.shape[2:], groups=x.shape[1])
+    return make_node("convolution", value, _parents(x, w, bias), geometry)
 
 
 def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
@@ -188,7 +255,8 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
 
 def _vjp_convolution(g, node, needs):
     x, w = node.parents[0], node.parents[1]
-    s, p, d, groups = node.ctx
+    s, p, d, groups, crop = node.ctx
+    g = _uncrop(g, crop)
     gx, gw = _conv_grads(x.value, w.shape, w.value, g, s, p, d, groups, needs[0], needs[1])
     gb = None
     if len(needs) > 2 and needs[2]:
@@ -207,7 +275,8 @@ def transposed_convolution_ad(output_padding, options, x, w, bias):
     Parameters
     ----------
     output_padding : int or tuple of int
-        Extra size at the end of each spatial axis, ``0 <= output_padding < stride``.
+        Extra size at the end of each spatial axis, ``0 <= output_padding <
+        max(stride, dilation)``.
     options : ConvOptions
         Stride, padding, dilation (one int per spatial axis) and groups.
     x : ADTensor or array_like, ``[N, Cin, *S]``
@@ -234,9 +303,11 @@ def transposed_convolution_ad(output_padding, options, x, w, bias):
     with _named(fname):
         value = transposed_convolution(output_padding, options, x.value, w.value,
                                        None if bias is None else bias.value)
-    r = x.ndim - 2
-    return make_node("transposed_convolution", value, _parents(x, w, bias),
-                     _conv_geometry(options, r))
+        if x.ndim == w.ndim - 1:
+            return _batched(fname, x, w, lambda xb: transposed_convolution_ad(
+                output_padding, options, xb, w, bias))
+        geometry = _conv_geometry(fname, options, x.ndim - 2, None)
+    return make_node("transposed_convolution", value, _parents(x, w, bias), geometry)
 
 
 def _vjp_transposed_convolution(g, node, needs):
@@ -244,11 +315,15 @@ def _vjp_transposed_convolution(g, node, needs):
     # dx = conv(g, w) and dw is the weight gradient of conv(g -> x-shaped) with cotangent x.
     from .._kernels.conv import conv_nd
     x, w = node.parents[0], node.parents[1]
-    s, p, d, groups = node.ctx
+    s, p, d, groups, _ = node.ctx
     g = _c(g)
     gx = gw = gb = None
     if needs[0]:
         gx = conv_nd(g, w.value, None, s, p, d, groups)
+        if gx.shape != x.shape:
+            # output_padding >= stride (allowed when < dilation) adds output positions that
+            # no input position reaches: the convolution back sees them as extra outputs
+            gx = np.ascontiguousarray(gx[tuple(slice(0, n) for n in x.shape)])
     if needs[1]:
         _, gw = _conv_grads(g, w.shape, w.value, x.value, s, p, d, groups, False, True)
     if len(needs) > 2 and needs[2]:
@@ -337,6 +412,39 @@ def dropout_ad(mode, p, rng, x):
     x = _ad(fname, "x", x)
     with _named(fname):
         value, mask, new_rng = dropout(mode, p, rng, x.value)
+    return make_node("dropout", value, (x,), mask), mask, new_rng
+
+
+def spatial_dropout_ad(mode, p, rng, x):
+    """Differentiable :func:`~hmath_dl.layers.spatial_dropout`: ``y = x * mask`` with one
+    mask value per ``(n, c)`` shared over the spatial positions; gradient ``g * mask``.
+
+    Parameters
+    ----------
+    mode : Mode
+    p : float
+        Drop probability, ``0 <= p <= 1``.
+    rng : RNG
+    x : ADTensor or array_like, ``[N, C, *spatial]``
+        A non-ADTensor is a constant.
+
+    Returns
+    -------
+    (ADTensor, ndarray, RNG)
+        ``y``; the mask (``x``'s full shape, as the plain layer returns it); the advanced
+        RNG.  The mask and RNG are exactly the plain layer's.
+
+    Raises
+    ------
+    DomainError, TypeError, ShapeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.spatial_dropout`; the message starts with
+        ``spatial_dropout_ad:``.
+    """
+    from .dropout import spatial_dropout
+    fname = "spatial_dropout_ad"
+    x = _ad(fname, "x", x)
+    with _named(fname):
+        value, mask, new_rng = spatial_dropout(mode, p, rng, x.value)
     return make_node("dropout", value, (x,), mask), mask, new_rng
 
 

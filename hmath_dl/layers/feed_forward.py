@@ -44,6 +44,17 @@ def transformer_feed_forward(activation, w1, b1, w2, b2, x):
         an intermediate or final result is not finite.
     """
     fname = "transformer_feed_forward"
+    act, w1a, b1a, w2a, b2a, xa = _arguments(fname, activation, w1, b1, w2, b2, x)
+    try:
+        h = dense(xa, w1a, b1a)
+        h = activate(act, h)
+        return dense(h, w2a, b2a)
+    except MathError as exc:  # re-label: messages start with the public function name
+        raise type(exc)(f"{fname}: {exc}") from None
+
+
+def _arguments(fname, activation, w1, b1, w2, b2, x):
+    """The validated arguments ``(act, w1, b1, w2, b2, x)`` (arrays; biases may be None)."""
     act = _checks.member(fname, "activation", activation, Activation)
     w1a = _checks.tensor(fname, "w1", w1, ndim=2)
     w2a = _checks.tensor(fname, "w2", w2, ndim=2)
@@ -61,9 +72,4 @@ def transformer_feed_forward(activation, w1, b1, w2, b2, x):
     b1a = None if b1 is None else _checks.vector(fname, "b1", b1, hidden)
     b2a = None if b2 is None else _checks.vector(fname, "b2", b2, n_out)
     _checks.check_size(fname, xa.shape[:-1] + (max(hidden, n_out),))
-    try:
-        h = dense(xa, w1a, b1a)
-        h = activate(act, h)
-        return dense(h, w2a, b2a)
-    except MathError as exc:  # re-label: messages start with the public function name
-        raise type(exc)(f"{fname}: {exc}") from None
+    return act, w1a, b1a, w2a, b2a, xa
