@@ -171,7 +171,7 @@ def require_finite(fname: str, name: str, arr: np.ndarray) -> None:
     value = arr.reshape(-1)[flat]
     where = tuple(int(i) for i in index)
     raise NonFiniteError(
-        f"{fname}: {name} contains {value!r} at index {where} (expected finite values)")
+        f"{fname}: {name} contains {float(value)!r} at index {where} (expected finite values)")
 
 
 def int_array(fname: str, name: str, x) -> np.ndarray:
