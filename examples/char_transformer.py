@@ -2,8 +2,10 @@
 then sampled one token at a time with the immutable KV cache.
 
 Model (pre-norm): token embedding + sinusoidal positions, 2 x [RMS norm -> causal
-multi-head attention (4 heads, d = 64) with q/k/v/output projections -> residual,
-RMS norm -> feed-forward (GELU, 4d) -> residual], RMS norm, dense to the vocabulary.
+grouped-query attention (4 query heads sharing 2 key/value heads, d = 64; q/k/v/output
+projections, ``scaled_dot_product_attention_ad(..., is_causal=True, enable_gqa=True)``) ->
+residual, RMS norm -> feed-forward (GELU, 4d) -> residual], RMS norm, dense to the
+vocabulary.  Every RMS norm carries its learned gain (``rms_norm_ad(..., weight=g)``).
 
 It prints, and checks:
 * validation loss against the unigram baseline (the cross-entropy of the validation text
@@ -44,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2,
+                   help="key/value heads shared by the query heads (grouped-query attention)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--generate", type=int, default=200, help="characters to sample")
@@ -97,7 +101,7 @@ class Corpus:
 
 
 # ----------------------------------------------------------------------------- model
-def init_params(vocab, d, layers, rng):
+def init_params(vocab, d, layers, rng, heads=4, kv_heads=2):
     def dense_w(fan_in, fan_out, rng):
         return L.initialize_weights(L.XavierUniform(), fan_in, fan_out, (fan_out, fan_in), rng)
 
@@ -105,8 +109,9 @@ def init_params(vocab, d, layers, rng):
     params["embed"], rng = L.initialize_weights(L.TruncatedNormal(0.0, 0.02, 2.0), vocab, d,
                                                 (vocab, d), rng)
     for i in range(layers):
-        for name in ("q", "k", "v", "o"):
-            params[f"{i}.{name}"], rng = dense_w(d, d, rng)
+        kvw = d // heads * kv_heads          # key/value width: kv_heads heads of d/heads
+        for name, width in (("q", d), ("k", kvw), ("v", kvw), ("o", d)):
+            params[f"{i}.{name}"], rng = dense_w(d, width, rng)
         params[f"{i}.ff1"], rng = dense_w(d, 4 * d, rng)
         params[f"{i}.ff1b"] = np.zeros(4 * d)
         params[f"{i}.ff2"], rng = dense_w(4 * d, d, rng)
@@ -119,20 +124,29 @@ def init_params(vocab, d, layers, rng):
     return params, rng
 
 
+def _heads_ad(t, h):
+    """[B, S, h*dh] -> [B, h, S, dh] on the tape."""
+    b, s, w = t.shape
+    return ad.transpose(ad.reshape(t, (b, s, h, w // h)), (0, 2, 1, 3))
+
+
 def forward_ad(p, ids, heads, layers):
     """Logits [B, S, V] on the tape; ``p`` maps names to ADTensors."""
     b, s = ids.shape
     d = p["embed"].shape[1]
+    kv_heads = p["0.k"].shape[0] // (d // heads)
     x = L.embedding_ad(p["embed"], ids) + ad.constant(L.sinusoidal_encoding(s, d, 0))
-    mask = L.causal_mask(s, s, 0)
     for i in range(layers):
-        h = L.rms_norm_ad(1, 1e-6, x) * p[f"{i}.g1"]
-        q, k, v = (L.dense_ad(h, p[f"{i}.{n}"], None) for n in ("q", "k", "v"))
-        x = x + L.dense_ad(L.multihead_attention_ad(heads, q, k, v, mask), p[f"{i}.o"], None)
-        h = L.rms_norm_ad(1, 1e-6, x) * p[f"{i}.g2"]
+        h = L.rms_norm_ad(1, 1e-6, x, weight=p[f"{i}.g1"])
+        q = _heads_ad(L.dense_ad(h, p[f"{i}.q"], None), heads)
+        k, v = (_heads_ad(L.dense_ad(h, p[f"{i}.{n}"], None), kv_heads) for n in ("k", "v"))
+        att = L.scaled_dot_product_attention_ad(q, k, v, is_causal=True, enable_gqa=True)
+        att = ad.reshape(ad.transpose(att, (0, 2, 1, 3)), (b, s, d))
+        x = x + L.dense_ad(att, p[f"{i}.o"], None)
+        h = L.rms_norm_ad(1, 1e-6, x, weight=p[f"{i}.g2"])
         h = ad.activate(Activation.GELU, L.dense_ad(h, p[f"{i}.ff1"], p[f"{i}.ff1b"]))
         x = x + L.dense_ad(h, p[f"{i}.ff2"], p[f"{i}.ff2b"])
-    x = L.rms_norm_ad(1, 1e-6, x) * p["gf"]
+    x = L.rms_norm_ad(1, 1e-6, x, weight=p["gf"])
     return L.dense_ad(x, p["out"], p["outb"])
 
 
@@ -151,27 +165,35 @@ def full_logits(params, ids, heads, layers):
 def decode_step(params, caches, token, position, heads, layers):
     """Logits [V] of the next token given one new token and the per-layer KV caches."""
     d = params["embed"].shape[1]
+    dh = d // heads
+    kv_heads = params["0.k"].shape[0] // dh
     x = L.embedding(params["embed"], [token]) + L.sinusoidal_encoding(1, d, position)
     new_caches = []
     for i in range(layers):
-        h = L.rms_norm(1, 1e-6, x) * params[f"{i}.g1"]
+        h = L.rms_norm(1, 1e-6, x, weight=params[f"{i}.g1"])
         q, k, v = (L.dense(h, params[f"{i}.{n}"], None) for n in ("q", "k", "v"))
         cache = L.append_cache(caches[i], k, v)
-        keys, values = L.cache_values(cache)
-        att = L.multihead_attention(heads, q, keys, values, L.causal_mask(1, cache.length, position))
-        x = x + L.dense(att, params[f"{i}.o"], None)
-        h = L.rms_norm(1, 1e-6, x) * params[f"{i}.g2"]
+        keys, values = L.cache_values(cache)           # [length, kv_heads * dh]
+        n = cache.length
+        att, _ = L.scaled_dot_product_attention(
+            q.reshape(1, heads, dh).transpose(1, 0, 2),
+            keys.reshape(n, kv_heads, dh).transpose(1, 0, 2),
+            values.reshape(n, kv_heads, dh).transpose(1, 0, 2),
+            L.causal_mask(1, n, position), enable_gqa=True)
+        x = x + L.dense(att.transpose(1, 0, 2).reshape(1, d), params[f"{i}.o"], None)
+        h = L.rms_norm(1, 1e-6, x, weight=params[f"{i}.g2"])
         h = activate(Activation.GELU, L.dense(h, params[f"{i}.ff1"], params[f"{i}.ff1b"]))
         x = x + L.dense(h, params[f"{i}.ff2"], params[f"{i}.ff2b"])
         new_caches.append(cache)
-    x = L.rms_norm(1, 1e-6, x) * params["gf"]
+    x = L.rms_norm(1, 1e-6, x, weight=params["gf"])
     return L.dense(x, params["out"], params["outb"])[0], new_caches
 
 
 def generate(params, corpus, prompt_ids, n, capacity, heads, layers, rng, temperature=0.8):
     """Sample ``n`` tokens after the prompt; returns (all ids, per-position logits, rng)."""
     d = params["embed"].shape[1]
-    caches = [L.empty_cache(capacity, d, d) for _ in range(layers)]
+    kvw = params["0.k"].shape[0]
+    caches = [L.empty_cache(capacity, kvw, kvw) for _ in range(layers)]
     ids, logits_seen = [], []
     for pos, tok in enumerate(prompt_ids):
         logits, caches = decode_step(params, caches, int(tok), pos, heads, layers)
@@ -195,17 +217,22 @@ def main(argv=None):
     args = parse_args(argv)
     if args.smoke:
         args.steps, args.width, args.heads, args.layers, args.seq, args.batch = 3, 16, 2, 1, 16, 4
+        args.kv_heads = 1
         args.generate = 12
     from tqdm import tqdm
 
     started = time.perf_counter()
     corpus = Corpus(stdlib_text())
     rng = RNG.from_seed(args.seed)
-    params, rng = init_params(corpus.vocab, args.width, args.layers, rng)
+    if args.heads % args.kv_heads or args.width % args.heads:
+        raise SystemExit("--heads must divide --width and be a multiple of --kv-heads")
+    params, rng = init_params(corpus.vocab, args.width, args.layers, rng, args.heads,
+                              args.kv_heads)
     names = sorted(params)
     state = optim.adamw_init([params[n] for n in names])
     print(f"corpus: {len(corpus.train):,} training / {len(corpus.val):,} validation characters, "
-          f"vocabulary {corpus.vocab}; model d={args.width}, {args.heads} heads, "
+          f"vocabulary {corpus.vocab}; model d={args.width}, {args.heads} query heads sharing "
+          f"{args.kv_heads} key/value heads, "
           f"{args.layers} layers, {sum(v.size for v in params.values()):,} parameters")
     bar = tqdm(range(args.steps), desc="training", file=sys.stdout, disable=args.smoke)
     for step in bar:

@@ -37,7 +37,7 @@ from hmath_dl import precision as P
 from hmath_dl.activations import Activation
 from hmath_dl.errors import NumericOverflow
 
-CONV = L.ConvOptions(stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+CONV = L.ConvOptions(stride=(1, 1), padding="same", dilation=(1, 1), groups=1)  # 3x3: 1 each side
 
 
 def parse_args(argv=None):

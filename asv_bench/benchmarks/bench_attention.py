@@ -82,6 +82,36 @@ class TorchCausalAttention:
         self.f(self.x, self.x, self.x)
 
 
+class GroupedQueryAttention:
+    """Issue 18: ``enable_gqa`` with 8 query heads sharing 2 key/value heads, causal, against
+    torch's ``enable_gqa`` (neither copies k/v; ours maps query head h to kv head h // 4)."""
+    params = SEQ
+    param_names = ["n"]
+
+    def setup(self, n):
+        self.q = normal((1, 8, n, 64), 14)
+        self.kv = normal((1, 2, n, 64), 15)
+        scaled_dot_product_attention(self.q, self.kv, self.kv, is_causal=True, enable_gqa=True)
+
+    def time_sdpa_gqa_causal(self, n):
+        scaled_dot_product_attention(self.q, self.kv, self.kv, is_causal=True, enable_gqa=True)
+
+
+class TorchGroupedQueryAttention:
+    params = SEQ
+    param_names = ["n"]
+
+    def setup(self, n):
+        skip_without_torch()
+        self.q = torch_tensor(normal((1, 8, n, 64), 14))
+        self.kv = torch_tensor(normal((1, 2, n, 64), 15))
+        self.f = TORCH.nn.functional.scaled_dot_product_attention
+        self.f(self.q, self.kv, self.kv, is_causal=True, enable_gqa=True)
+
+    def time_torch_sdpa_gqa_causal(self, n):
+        self.f(self.q, self.kv, self.kv, is_causal=True, enable_gqa=True)
+
+
 class MultiHead:
     params = SEQ
     param_names = ["n"]
