@@ -13,6 +13,7 @@ from typing import Union
 import numpy as np
 
 from .. import _checks
+from .._kernels.qr import orthonormal_factor
 from ..errors import DomainError, NumericOverflow
 from ..rng import RNG
 
@@ -129,9 +130,11 @@ def initialize_weights(init, fan_in, fan_out, shape, rng):
         * KaimingNormal: ``std * g.standard_normal(shape)``, ``std = sqrt(2 / fan_in)``
         * Orthogonal(gain): ``R = shape[0]``, ``K = prod(shape[1:])`` (both >= 1 and
           ``len(shape) >= 2``, DomainError otherwise); ``A = g.standard_normal((R, K))``
-          if ``R >= K`` else of shape ``(K, R)``; ``Q, Rm = numpy.linalg.qr(A)``;
-          ``Q *= sign(diag(Rm))`` (a zero diagonal counts as +1); transposed back when
-          ``R < K``; times ``gain``.  Rows (R <= K) or columns (R >= K) are orthonormal.
+          if ``R >= K`` else of shape ``(K, R)``; ``Q, Rm`` its thin QR by Householder
+          reflections in a fixed order (:mod:`hmath_dl._kernels.qr`, LAPACK's sign choice;
+          no LAPACK, so the same bits on every CPU); ``Q *= sign(diag(Rm))`` (a zero
+          diagonal counts as +1); transposed back when ``R < K``; times ``gain``.  Rows
+          (R <= K) or columns (R >= K) are orthonormal.
         * TruncatedNormal(mean, sigma, cutoff): ``mean + sigma * z`` with ``z`` standard
           normal conditioned on ``|z| <= cutoff``, by exact rejection sampling (uniform
           proposal with acceptance ``exp(-z**2/2)`` when ``cutoff <= 2``, normal proposal
@@ -180,12 +183,11 @@ def initialize_weights(init, fan_in, fan_out, shape, rng):
                               f"(got {shp!r}, flattened to [{rows}, {cols}])")
         tall = rows >= cols
         a = gen.standard_normal((rows, cols) if tall else (cols, rows))
-        q, r = np.linalg.qr(a)
-        d = np.sign(np.diag(r))
-        d[d == 0] = 1.0
-        q = q * d
-        if not tall:
-            q = q.T
+        # the library's own Householder QR (fixed order, no LAPACK): qt = Q^T with the
+        # signs of diag(R) folded in
+        qt = np.empty((a.shape[1], a.shape[0]))
+        orthonormal_factor(np.ascontiguousarray(a.T), qt)
+        q = qt.T if tall else qt
         w = init.gain * q
     else:  # TruncatedNormal
         count = 1
