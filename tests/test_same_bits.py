@@ -85,3 +85,59 @@ def test_orthogonal_same_bits_for_any_thread_count():
         w, _ = initialize_weights(Orthogonal(1.0), 1, 1, (96, 80), RNG(5))
         sys.stdout.buffer.write(w.tobytes())
     """)
+
+
+def _partial8(values):
+    p = [0.0] * 8
+    i = 0
+    while i + 8 <= len(values):
+        for r in range(8):
+            p[r] += values[i + r]
+        i += 8
+    s = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+    for v in values[i:]:
+        s += v
+    return s
+
+
+def sum_to_oracle(x, keep):
+    """The documented order of ``hmath_dl._kernels.reduce.sum_to``."""
+    idx = [i for i, k in enumerate(keep) if k]
+    contiguous = not idx or idx == list(range(idx[0], idx[-1] + 1))
+    if contiguous:
+        lo = idx[0] if idx else x.ndim
+        hi = idx[-1] + 1 if idx else x.ndim
+        x3 = x.reshape(int(np.prod(x.shape[:lo])), -1, int(np.prod(x.shape[hi:])))
+    else:
+        x3 = np.moveaxis(x, idx, list(range(len(idx)))).reshape(1, -1, int(np.prod(
+            [s for s, k in zip(x.shape, keep) if not k])))
+    out = []
+    for k in range(x3.shape[1]):
+        acc = 0.0
+        for a in range(x3.shape[0]):
+            acc += float(x3[a, k, 0]) if x3.shape[2] == 1 else _partial8([float(v) for v in x3[a, k]])
+        out.append(acc)
+    return np.array(out).reshape([s for s, k in zip(x.shape, keep) if k])
+
+
+@pytest.mark.parametrize("shape,keep", [((5, 7), (False, True)), ((3, 4, 19), (False, True, False)),
+                                        ((6, 2, 3), (True, False, True)), ((2, 3, 17), (True, True, False)),
+                                        ((4, 9), (False, False))])
+def test_fixed_order_sums_follow_the_documented_order(shape, keep):
+    from hmath_dl._kernels.reduce import sum_to
+    x = np.random.default_rng(3).standard_normal(shape) * 10.0 ** np.arange(shape[-1])
+    assert np.array_equal(sum_to(x, keep), sum_to_oracle(x, keep))
+
+
+def test_bias_and_broadcast_gradients_use_the_fixed_order():
+    from hmath_dl import autodiff as ad
+    from hmath_dl.layers import dense_ad
+    rng = np.random.default_rng(4)
+    x, w, b = rng.standard_normal((37, 5)), rng.standard_normal((3, 5)), rng.standard_normal(3)
+    bv = ad.variable(b)
+    cot = rng.standard_normal((37, 3)) * 1e3
+    (gb,) = ad.gradients(dense_ad(x, w, bv), [bv], cot)
+    assert np.array_equal(gb, sum_to_oracle(cot, (False, True)))
+    c = ad.variable(rng.standard_normal((1, 3)))
+    (gc,) = ad.gradients(ad.constant(rng.standard_normal((37, 3))) + c, [c], cot)
+    assert np.array_equal(gc, sum_to_oracle(cot, (False, True)).reshape(1, 3))

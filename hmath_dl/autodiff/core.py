@@ -220,19 +220,18 @@ def as_adtensor(fname: str, name: str, x) -> ADTensor:
 def unbroadcast(g: np.ndarray, shape) -> np.ndarray:
     """Sum ``g`` (a gradient of a broadcast result) back to an operand of ``shape``.
 
-    Leading axes that broadcasting added are summed away, then every axis where the
-    operand had extent 1 is summed with ``keepdims``.
+    Leading axes that broadcasting added, and every axis where the operand had extent 1,
+    are summed away in one fixed-order reduction (:func:`hmath_dl._kernels.reduce.sum_to`;
+    no numpy reduction, so the same bits on every CPU).
     """
     shape = tuple(shape)
     if g.shape == shape:
         return g
+    from .._kernels.reduce import sum_to
     extra = g.ndim - len(shape)
-    if extra > 0:
-        g = g.sum(axis=tuple(range(extra)))
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
-    if axes:
-        g = g.sum(axis=axes, keepdims=True)
-    return g.reshape(shape)
+    keep = [False] * extra + [not (s == 1 and g.shape[extra + i] != 1)
+                              for i, s in enumerate(shape)]
+    return sum_to(g, keep).reshape(shape)
 
 
 def _topological_order(output: ADTensor) -> List[ADTensor]:

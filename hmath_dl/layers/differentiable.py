@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import _checks
 from .._kernels.gemm_f64 import matmul_nd
+from .._kernels.reduce import sum_to
 from ..autodiff.core import make_node, register_vjp
 from ._ad_common import _ad, _c, _named, _opt_ad, _parents, _ro, _ro5, _tuple, _w5
 from ._ad_attention import multihead_attention_ad, scaled_dot_product_attention_ad
@@ -80,7 +81,7 @@ def _vjp_dense(g, node, needs):
     if needs[1]:
         gw = matmul_nd(g2.T, x.value.reshape(-1, w.shape[1]))
     if len(needs) > 2 and needs[2]:
-        gb = g2.sum(axis=0)
+        gb = sum_to(g2, (False, True))
     return (gx, gw, gb)[:len(needs)]
 
 
@@ -260,7 +261,7 @@ def _vjp_convolution(g, node, needs):
     gx, gw = _conv_grads(x.value, w.shape, w.value, g, s, p, d, groups, needs[0], needs[1])
     gb = None
     if len(needs) > 2 and needs[2]:
-        gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
+        gb = sum_to(g, (False, True) + (False,) * (g.ndim - 2))
     return (gx, gw, gb)[:len(needs)]
 
 
@@ -327,7 +328,7 @@ def _vjp_transposed_convolution(g, node, needs):
     if needs[1]:
         _, gw = _conv_grads(g, w.shape, w.value, x.value, s, p, d, groups, False, True)
     if len(needs) > 2 and needs[2]:
-        gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
+        gb = sum_to(g, (False, True) + (False,) * (g.ndim - 2))
     return (gx, gw, gb)[:len(needs)]
 
 

@@ -1,0 +1,102 @@
+"""Fixed-order sums over axes (gradients of broadcasts and biases, autodiff ``sum``).
+
+``sum_to(x, keep)``: ``x`` summed over every axis whose ``keep`` flag is False, the kept
+axes in their order (the result has the kept axes' shape).  The order of every sum is
+fixed by the shapes alone, so the result is the same on every CPU and for any thread
+count (no numpy reduction: numpy's pairwise/SIMD summation order depends on its build):
+
+* the array is viewed as ``[R1, K, R2]`` when the kept axes are one contiguous block
+  (``R1`` = the product of the summed axes before it, ``R2`` after it); otherwise it is
+  first copied into ``[1, K, R]`` with the kept axes first (``numpy.moveaxis``, a copy,
+  no arithmetic);
+* ``out[k] = (((0 + s(0, k)) + s(1, k)) + ...) + s(R1 - 1, k)``, ``r1`` increasing, where
+  ``s(r1, k)`` is ``x[r1, k, 0]`` when ``R2 == 1`` and otherwise the sum over ``r2`` of
+  ``x[r1, k, r2]`` as eight interleaved partial sums (``r2 = 8t + j`` into partial ``j``,
+  ``t`` increasing), combined ``((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))``, then
+  the tail in increasing ``r2``.
+"""
+
+import numpy as np
+from numba import prange
+
+from ._jit import helper, kernel
+
+
+@helper
+def _row_sum(a):
+    """The eight-partial fixed-order sum of the 1-D array ``a`` (see the module docstring)."""
+    n = a.shape[0]
+    p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = 0.0
+    i = 0
+    while i + 8 <= n:
+        p0 += a[i]
+        p1 += a[i + 1]
+        p2 += a[i + 2]
+        p3 += a[i + 3]
+        p4 += a[i + 4]
+        p5 += a[i + 5]
+        p6 += a[i + 6]
+        p7 += a[i + 7]
+        i += 8
+    s = ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
+    while i < n:
+        s += a[i]
+        i += 1
+    return s
+
+
+_CHUNK = 512
+
+
+@kernel
+def _sum3(x, out):
+    """``out[k] = sum_{r1} s(r1, k)`` for ``x [R1, K, R2]`` (module docstring order)."""
+    r1, kk, r2 = x.shape
+    if r2 == 1:
+        nchunk = (kk + _CHUNK - 1) // _CHUNK
+        for c in prange(nchunk):
+            lo = c * _CHUNK
+            hi = min(kk, lo + _CHUNK)
+            o = out[lo:hi]
+            for j in range(hi - lo):
+                o[j] = 0.0
+            for a in range(r1):
+                row = x[a, lo:hi, 0]
+                for j in range(hi - lo):
+                    o[j] += row[j]
+    else:
+        for k in prange(kk):
+            acc = 0.0
+            for a in range(r1):
+                acc += _row_sum(x[a, k])
+            out[k] = acc
+
+
+def sum_to(x, keep):
+    """``x`` (float64) summed over the axes whose flag in ``keep`` is False; returns a new
+    C-contiguous array of the kept axes' shape (see the module docstring for the order)."""
+    x = np.asarray(x, dtype=np.float64)
+    keep = tuple(bool(k) for k in keep)
+    kept_shape = tuple(s for s, k in zip(x.shape, keep) if k)
+    idx = [i for i, k in enumerate(keep) if k]
+    out = np.empty(kept_shape)
+    kk = out.size
+    if kk == 0:
+        return out
+    if x.size == 0:
+        out[...] = 0.0
+        return out
+    if not idx or idx == list(range(idx[0], idx[-1] + 1)):
+        lo = idx[0] if idx else x.ndim
+        hi = idx[-1] + 1 if idx else x.ndim
+        r1 = int(np.prod(x.shape[:lo], dtype=np.int64))
+        r2 = int(np.prod(x.shape[hi:], dtype=np.int64))
+        x3 = np.ascontiguousarray(x).reshape(r1, kk, r2)
+    else:
+        moved = np.moveaxis(x, idx, list(range(len(idx))))
+        x3 = np.ascontiguousarray(moved).reshape(1, kk, -1)
+    if x3.flags.writeable:
+        x3 = x3.view()
+        x3.flags.writeable = False
+    _sum3(x3, out.reshape(-1))
+    return out
