@@ -75,6 +75,20 @@ def boolean(fname: str, name: str, value) -> bool:
     return bool(value)
 
 
+def instance(fname: str, name: str, value, types, what: Optional[str] = None):
+    """``value`` must be an instance of ``types`` (a class or a tuple of classes); else
+    ``TypeError("fname: name must be <what> (got <type> <repr>)")``, ``what`` defaulting to
+    ``"a <ClassName>"`` (or "one of A, B, ...")."""
+    if not isinstance(value, types):
+        if what is None:
+            if isinstance(types, tuple):
+                what = "one of " + ", ".join(t.__name__ for t in types)
+            else:
+                what = f"a {types.__name__}"
+        raise TypeError(f"{fname}: {name} must be {what} (got {_type_name(value)} {value!r:.80})")
+    return value
+
+
 def member(fname: str, name: str, value, enum_cls):
     """``value`` must be a member of ``enum_cls`` (TypeError otherwise)."""
     if not isinstance(value, enum_cls):

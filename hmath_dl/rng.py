@@ -8,12 +8,12 @@ the advanced one; the ``RNG`` they were given is never changed, so handing the s
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Callable, Tuple, TypeVar
 
 import numpy as np
 
+from . import _checks
 from .errors import DomainError
 
 __all__ = ["RNG"]
@@ -21,17 +21,6 @@ __all__ = ["RNG"]
 _T = TypeVar("_T")
 _KEY_LIMIT = 1 << 128
 _COUNTER_LIMIT = 1 << 256
-
-
-def _as_int(fname: str, name: str, value) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{fname}: {name} must be an int (got bool {value!r})")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"{fname}: {name} must be an int (got {type(value).__name__} {value!r})"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -57,8 +46,8 @@ class RNG:
     counter: int = 0
 
     def __post_init__(self):
-        key = _as_int("RNG", "key", self.key)
-        counter = _as_int("RNG", "counter", self.counter)
+        key = _checks.integer("RNG", "key", self.key)
+        counter = _checks.integer("RNG", "counter", self.counter)
         if not 0 <= key < _KEY_LIMIT:
             raise DomainError(f"RNG: key out of range (got {key}, expected 0 <= key < 2**128)")
         if not 0 <= counter < _COUNTER_LIMIT:
@@ -74,7 +63,7 @@ class RNG:
 
         ``seed`` must be a non-negative int.
         """
-        seed = _as_int("RNG.from_seed", "seed", seed)
+        seed = _checks.integer("RNG.from_seed", "seed", seed)
         if seed < 0:
             raise DomainError(f"RNG.from_seed: seed must be >= 0 (got {seed})")
         words = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)

@@ -22,9 +22,7 @@ class Mode(enum.Enum):
 
 
 def _rng(fname, rng):
-    if not isinstance(rng, RNG):
-        raise TypeError(f"{fname}: rng must be an RNG (got {type(rng).__name__} {rng!r})")
-    return rng
+    return _checks.instance(fname, "rng", rng, RNG, "an RNG")
 
 
 def _common(fname, mode, p, rng, x, min_ndim):

@@ -21,24 +21,42 @@ __all__ = ["XavierUniform", "XavierNormal", "KaimingUniform", "KaimingNormal", "
            "TruncatedNormal", "Initializer", "initialize_weights"]
 
 
+# The four fan-based initialisers are named instances of one variance-scaling rule
+# (as JAX's ``variance_scaling(scale, mode, distribution)``): with ``fan`` = fan_in
+# ("fan_in") or (fan_in + fan_out) / 2 ("fan_avg"), "uniform" draws U(-a, a) with
+# a = sqrt(3 * scale / fan) and "normal" draws sqrt(scale / fan) * N(0, 1).  For the
+# scales used here every step is exact or one rounding of the seed's formula (halving and
+# doubling are exact in binary), so a = sqrt(6 / (fan_in + fan_out)) bit for bit, etc.
 @dataclass(frozen=True)
 class XavierUniform:
-    """``U(-a, a)`` with ``a = sqrt(6 / (fan_in + fan_out))``."""
+    """``U(-a, a)`` with ``a = sqrt(6 / (fan_in + fan_out))`` (variance scaling: scale 1,
+    fan_avg, uniform)."""
+
+    _rule = (1.0, "fan_avg", "uniform")
 
 
 @dataclass(frozen=True)
 class XavierNormal:
-    """``N(0, std**2)`` with ``std = sqrt(2 / (fan_in + fan_out))``."""
+    """``N(0, std**2)`` with ``std = sqrt(2 / (fan_in + fan_out))`` (variance scaling:
+    scale 1, fan_avg, normal)."""
+
+    _rule = (1.0, "fan_avg", "normal")
 
 
 @dataclass(frozen=True)
 class KaimingUniform:
-    """``U(-b, b)`` with ``b = sqrt(6 / fan_in)``."""
+    """``U(-b, b)`` with ``b = sqrt(6 / fan_in)`` (variance scaling: scale 2, fan_in,
+    uniform)."""
+
+    _rule = (2.0, "fan_in", "uniform")
 
 
 @dataclass(frozen=True)
 class KaimingNormal:
-    """``N(0, std**2)`` with ``std = sqrt(2 / fan_in)``."""
+    """``N(0, std**2)`` with ``std = sqrt(2 / fan_in)`` (variance scaling: scale 2, fan_in,
+    normal)."""
+
+    _rule = (2.0, "fan_in", "normal")
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,37 @@ Initializer = Union[XavierUniform, XavierNormal, KaimingUniform, KaimingNormal, 
                     TruncatedNormal]
 _KINDS = (XavierUniform, XavierNormal, KaimingUniform, KaimingNormal, Orthogonal,
           TruncatedNormal)
+
+
+def _variance_scaling(gen, rule, fan_in, fan_out, shape):
+    """Draws of the variance-scaling ``rule = (scale, mode, distribution)``."""
+    scale, mode, distribution = rule
+    fan = fan_in if mode == "fan_in" else (fan_in + fan_out) / 2.0
+    if distribution == "uniform":
+        a = math.sqrt(3.0 * scale / fan)
+        return gen.uniform(-a, a, shape)
+    return math.sqrt(scale / fan) * gen.standard_normal(shape)
+
+
+def _orthogonal(fname, gen, gain, shp):
+    """``gain`` times a (semi-)orthogonal matrix of ``shp`` (see initialize_weights)."""
+    if len(shp) < 2:
+        raise DomainError(f"{fname}: Orthogonal needs a shape with at least 2 axes "
+                          f"(got {shp!r})")
+    rows = shp[0]
+    cols = 1
+    for s in shp[1:]:
+        cols *= s
+    if rows < 1 or cols < 1:
+        raise DomainError(f"{fname}: Orthogonal needs a positive matrix shape "
+                          f"(got {shp!r}, flattened to [{rows}, {cols}])")
+    tall = rows >= cols
+    a = gen.standard_normal((rows, cols) if tall else (cols, rows))
+    # the library's own Householder QR (fixed order, no LAPACK): qt = Q^T with the signs
+    # of diag(R) folded in
+    qt = np.empty((a.shape[1], a.shape[0]))
+    orthonormal_factor(np.ascontiguousarray(a.T), qt)
+    return gain * (qt.T if tall else qt)
 
 
 def _truncated_standard(gen, count, c):
@@ -150,45 +199,17 @@ def initialize_weights(init, fan_in, fan_out, shape, rng):
         ``mean + sigma * z`` not finite.
     """
     fname = "initialize_weights"
-    if not isinstance(init, _KINDS):
-        names = ", ".join(k.__name__ for k in _KINDS)
-        raise TypeError(f"{fname}: init must be one of {names} (got {type(init).__name__} {init!r})")
+    _checks.instance(fname, "init", init, _KINDS)
     fi = _checks.integer(fname, "fan_in", fan_in, min=1)
     fo = _checks.integer(fname, "fan_out", fan_out, min=1)
     shp = _checks.shape_tuple(fname, "shape", shape, min=0)
-    if not isinstance(rng, RNG):
-        raise TypeError(f"{fname}: rng must be an RNG (got {type(rng).__name__} {rng!r})")
+    _checks.instance(fname, "rng", rng, RNG, "an RNG")
     _checks.check_size(fname, shp)
     gen = rng.generator()
-    if isinstance(init, XavierUniform):
-        a = math.sqrt(6.0 / (fi + fo))
-        w = gen.uniform(-a, a, shp)
-    elif isinstance(init, XavierNormal):
-        w = math.sqrt(2.0 / (fi + fo)) * gen.standard_normal(shp)
-    elif isinstance(init, KaimingUniform):
-        b = math.sqrt(6.0 / fi)
-        w = gen.uniform(-b, b, shp)
-    elif isinstance(init, KaimingNormal):
-        w = math.sqrt(2.0 / fi) * gen.standard_normal(shp)
+    if hasattr(init, "_rule"):
+        w = _variance_scaling(gen, init._rule, fi, fo, shp)
     elif isinstance(init, Orthogonal):
-        if len(shp) < 2:
-            raise DomainError(f"{fname}: Orthogonal needs a shape with at least 2 axes "
-                              f"(got {shp!r})")
-        rows = shp[0]
-        cols = 1
-        for s in shp[1:]:
-            cols *= s
-        if rows < 1 or cols < 1:
-            raise DomainError(f"{fname}: Orthogonal needs a positive matrix shape "
-                              f"(got {shp!r}, flattened to [{rows}, {cols}])")
-        tall = rows >= cols
-        a = gen.standard_normal((rows, cols) if tall else (cols, rows))
-        # the library's own Householder QR (fixed order, no LAPACK): qt = Q^T with the
-        # signs of diag(R) folded in
-        qt = np.empty((a.shape[1], a.shape[0]))
-        orthonormal_factor(np.ascontiguousarray(a.T), qt)
-        q = qt.T if tall else qt
-        w = init.gain * q
+        w = _orthogonal(fname, gen, init.gain, shp)
     else:  # TruncatedNormal
         count = 1
         for s in shp:

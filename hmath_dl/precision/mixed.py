@@ -67,9 +67,7 @@ class LossScaler:
 
 
 def _scaler(fname, scaler) -> LossScaler:
-    if not isinstance(scaler, LossScaler):
-        raise TypeError(f"{fname}: scaler must be a LossScaler (got {type(scaler).__name__} {scaler!r})")
-    return scaler
+    return _checks.instance(fname, "scaler", scaler, LossScaler)
 
 
 def initial_loss_scaler(scale, growth_interval) -> LossScaler:
