@@ -17,7 +17,7 @@ import enum
 import numpy as np
 
 from . import _checks
-from .errors import NumericOverflow
+from .errors import DomainError, NumericOverflow
 
 __all__ = ["Activation", "activate", "ACTIVATION_CODES"]
 
@@ -28,14 +28,15 @@ class Activation(enum.Enum):
     ========== =====================================================================
     IDENTITY   ``x``
     RELU       ``max(x, 0)``
-    LEAKY_RELU ``x`` for ``x > 0``, else ``0.01 x``
+    LEAKY_RELU ``x`` for ``x > 0``, else ``negative_slope x`` (default 0.01)
     GELU       exact: ``0.5 x (1 + erf(x / sqrt(2)))``
     GELU_TANH  ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
     SILU       ``x * sigmoid(x)``
     SIGMOID    ``1 / (1 + exp(-x))``
     TANH       ``tanh(x)``
-    SOFTPLUS   ``log(1 + exp(x))``, evaluated as ``max(x, 0) + log1p(exp(-|x|))``
-    ELU        ``x`` for ``x > 0``, else ``exp(x) - 1`` (alpha 1)
+    SOFTPLUS   ``log(1 + exp(beta x)) / beta`` (default beta 1), evaluated as
+               ``max(x, 0) + log1p(exp(-|beta x|)) / beta``
+    ELU        ``x`` for ``x > 0``, else ``alpha (exp(x) - 1)`` (default alpha 1)
     ========== =====================================================================
     """
 
@@ -55,7 +56,30 @@ class Activation(enum.Enum):
 ACTIVATION_CODES = {a: a.value for a in Activation}
 
 
-def activate(activation, x):
+#: keyword option -> (the activation that takes it, its default)
+_PARAMETERS = {"negative_slope": ("LEAKY_RELU", 0.01), "alpha": ("ELU", 1.0),
+              "beta": ("SOFTPLUS", 1.0)}
+
+
+def _parameter(fname, act, negative_slope, alpha, beta):
+    """The one parameter that ``act`` is given (a float), or None when none is given.
+
+    A parameter given (not None) for an activation that does not take it, a non-finite
+    value, or ``beta <= 0`` raises DomainError; a non-number raises TypeError."""
+    given = {"negative_slope": negative_slope, "alpha": alpha, "beta": beta}
+    p = None
+    for name, value in given.items():
+        if value is None:
+            continue
+        owner, _ = _PARAMETERS[name]
+        if act.name != owner:
+            raise DomainError(f"{fname}: {name} applies only to Activation.{owner} "
+                              f"(got {name}={value!r} with Activation.{act.name})")
+        p = _checks.real(fname, name, value, positive=(name == "beta"))
+    return p
+
+
+def activate(activation, x, *, negative_slope=None, alpha=None, beta=None):
     """Apply an activation elementwise (checked).
 
     Parameters
@@ -70,6 +94,21 @@ def activate(activation, x):
         gives the exact finite limits (e.g. ``softplus(1000) = 1000``, ``sigmoid(-1000) = 0``).
     x : array_like
         Any shape.
+    negative_slope : float, optional, keyword-only
+        LEAKY_RELU only (finite; default 0.01): ``f(x) = x`` for ``x > 0``, else
+        ``negative_slope * x`` (one rounding).
+    alpha : float, optional, keyword-only
+        ELU only (finite; default 1.0): ``f(x) = x`` for ``x > 0``, else
+        ``alpha * expm1(x)`` (``expm1`` rounded, then one multiplication).
+    beta : float, optional, keyword-only
+        SOFTPLUS only (finite, ``> 0``; default 1.0):
+        ``f(x) = log1p(exp(beta x)) / beta``, evaluated as
+        ``max(x, 0) + log1p(exp(-|beta x|)) / beta`` (mathematically equal, no overflow,
+        no cancellation, and no linear cut-off: unlike PyTorch's ``threshold=20`` the
+        formula is used for every ``x``).
+
+        With the defaults (a parameter omitted, or given with its default value) the
+        results are bitwise those of the unparameterised function.
 
     Returns
     -------
@@ -79,20 +118,35 @@ def activate(activation, x):
     Raises
     ------
     TypeError
-        ``activation`` not an :class:`Activation`, or ``x`` not numeric.
+        ``activation`` not an :class:`Activation`, ``x`` or a parameter not numeric.
+    DomainError
+        A parameter given (not None) for an activation that does not take it
+        (``negative_slope`` with anything but LEAKY_RELU, ``alpha`` with anything but
+        ELU, ``beta`` with anything but SOFTPLUS); a NaN/inf parameter; ``beta <= 0``.
     NonFiniteError
         ``x`` contains NaN or inf.
     NumericOverflow
-        a result is not finite (cannot happen for finite inputs with these functions;
-        kept as the checked-arithmetic guarantee).
+        a result is not finite (e.g. ``negative_slope * x`` beyond the float64 range, or
+        ``log(2) / beta`` for a subnormal ``beta``; never for the default parameters).
     """
     fname = "activate"
     act = _checks.member(fname, "activation", activation, Activation)
+    p = (None if negative_slope is None and alpha is None and beta is None
+         else _parameter(fname, act, negative_slope, alpha, beta))
     arr = _checks.tensor(fname, "x", x, finite=False)  # the kernel checks finiteness
     if arr.ndim == 1 and np.ndim(x) == 0:  # _checks.tensor turns a 0-d input into [1]
         arr = arr.reshape(())
     out = _checks.alloc(fname, arr.shape)
     if arr.size == 0:
+        return out
+    if p is not None:
+        from ._kernels.elementwise import sized_forward_param
+
+        status = sized_forward_param(arr.size)(act.value, p, arr.reshape(-1), out.reshape(-1))
+        if status != 0:
+            _checks.require_finite(fname, "x", arr)
+            raise NumericOverflow(f"{fname}: {act.name} with parameter {p!r} produced a "
+                                  f"non-finite result (beyond the float64 range)")
         return out
     from ._kernels.elementwise import sized_forward
 

@@ -111,3 +111,34 @@ class TorchDropout:
 
     def time_dropout_training(self, shape):
         TORCH.nn.functional.dropout(self.t, 0.1, True)
+
+
+# parameterised activations (API.md section 8): default path vs a given parameter vs torch
+PARAMETERISED = [("LEAKY_RELU", "negative_slope", 0.2), ("ELU", "alpha", 1.5),
+                 ("SOFTPLUS", "beta", 2.0)]
+
+
+class ParameterisedActivations:
+    params = ([(256, 1024)], [p[0] for p in PARAMETERISED], ["default", "given", "torch"])
+    param_names = ["shape", "activation", "variant"]
+
+    def setup(self, shape, name, variant):
+        self.x = normal(shape, 3)
+        self.act = Activation[name]
+        key, value = next((k, v) for n, k, v in PARAMETERISED if n == name)
+        self.kw = {} if variant == "default" else {key: value}
+        if variant == "torch":
+            skip_without_torch()
+            f = TORCH.nn.functional
+            self.t = torch_tensor(self.x)
+            # softplus with an (effectively) infinite threshold: no linear cut-off, as ours
+            self.fn = {"LEAKY_RELU": lambda t: f.leaky_relu(t, value),
+                       "ELU": lambda t: f.elu(t, value),
+                       "SOFTPLUS": lambda t: f.softplus(t, value, threshold=1e30)}[name]
+        self.time_activate(shape, name, variant)   # warm-up (compilation) outside the timing
+
+    def time_activate(self, shape, name, variant):
+        if variant == "torch":
+            self.fn(self.t)
+        else:
+            activate(self.act, self.x, **self.kw)

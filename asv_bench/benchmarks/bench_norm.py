@@ -139,3 +139,50 @@ class TorchImageNorms:
 
     def time_instance_norm(self, shape):
         self.f.instance_norm(self.t, eps=EPS)
+
+
+class AffineNorms:
+    """The affine options (API.md section 8): one fused kernel pass, against the default
+    path (``RowNorms`` / ``ImageNorms``) and torch's affine float64 norms."""
+
+    params = [[(16, 512, 768)], [False, True]]
+    param_names = ["shape", "torch"]
+
+    def setup(self, shape, use_torch):
+        self.x = normal(shape, 1)
+        d = shape[-1]
+        self.w, self.b = normal((d,), 2), normal((d,), 3)
+        self.xi = normal((16, 64, 56, 56), 4)
+        self.wc, self.bc = normal((64,), 5), normal((64,), 6)
+        if use_torch:
+            skip_without_torch()
+            self.f = TORCH.nn.functional
+            self.t, self.tw, self.tb = (torch_tensor(a) for a in (self.x, self.w, self.b))
+            self.ti, self.twc, self.tbc = (torch_tensor(a) for a in (self.xi, self.wc, self.bc))
+        for name in dir(self):   # warm-up (compilation) outside the timed calls
+            if name.startswith("time_"):
+                getattr(self, name)(shape, use_torch)
+
+    def time_layer_norm_affine(self, shape, use_torch):
+        if use_torch:
+            self.f.layer_norm(self.t, (self.t.shape[-1],), self.tw, self.tb, eps=EPS)
+        else:
+            layer_norm(1, EPS, self.x, weight=self.w, bias=self.b)
+
+    def time_rms_norm_weight(self, shape, use_torch):
+        if use_torch:
+            self.f.rms_norm(self.t, (self.t.shape[-1],), self.tw, eps=EPS)
+        else:
+            rms_norm(1, EPS, self.x, weight=self.w)
+
+    def time_group_norm_8_affine(self, shape, use_torch):
+        if use_torch:
+            self.f.group_norm(self.ti, 8, self.twc, self.tbc, eps=EPS)
+        else:
+            group_norm(8, EPS, self.xi, weight=self.wc, bias=self.bc)
+
+    def time_instance_norm_affine(self, shape, use_torch):
+        if use_torch:
+            self.f.instance_norm(self.ti, weight=self.twc, bias=self.tbc, eps=EPS)
+        else:
+            instance_norm(EPS, self.xi, weight=self.wc, bias=self.bc)

@@ -10,7 +10,7 @@ code  activation  forward ``f(x)``
 ====  ==========  =======================================================
 0     IDENTITY    ``x``
 1     RELU        ``max(x, 0)``
-2     LEAKY_RELU  ``x if x > 0 else 0.01 x``
+2     LEAKY_RELU  ``x if x > 0 else 0.01 x`` (other slopes: ``*_param`` kernels)
 3     GELU        ``0.5 x (1 + erf(x / sqrt 2))`` (evaluated as ``0.5 x erfc(-x/sqrt 2)``,
                   erfc by ``_gelu_span``: vectorisable, within 3 ulps)
 4     GELU_TANH   ``0.5 x (1 + tanh(u))``, ``u = sqrt(2/pi) (x + 0.044715 x^3)``,
@@ -18,8 +18,8 @@ code  activation  forward ``f(x)``
 5     SILU        ``x sigmoid(x)``
 6     SIGMOID     ``1 / (1 + exp(-x))`` (stable two-branch form)
 7     TANH        ``tanh(x)``
-8     SOFTPLUS    ``max(x, 0) + log1p(exp(-|x|))``
-9     ELU         ``x if x > 0 else expm1(x)`` (alpha 1)
+8     SOFTPLUS    ``max(x, 0) + log1p(exp(-|x|))`` (beta 1; others: ``*_param``)
+9     ELU         ``x if x > 0 else expm1(x)`` (alpha 1; others: ``*_param``)
 ====  ==========  =======================================================
 
 Public kernel entries (for reuse, e.g. by autodiff):
@@ -37,6 +37,29 @@ finite inputs every output of every activation and derivative is finite (the for
 are evaluated in overflow-free forms).  They do not validate anything else: pass a valid
 code (an unknown code leaves ``out_flat`` untouched). Work is split over fixed chunks, so results do
 not depend on the thread count.
+
+Parameterised activations (``activate(..., negative_slope=, alpha=, beta=)``):
+
+* ``activation_forward_param(code, p, x_flat, out_flat) -> int``,
+  ``activation_derivative_param(code, p, x_flat, out_flat) -> int`` and
+  ``activation_forward_derivative_param(code, p, x_flat, out_flat, d_flat) -> int`` for
+  the three codes that take a parameter ``p`` (any other code is evaluated by the
+  unparameterised kernels above, ``p`` ignored):
+
+  ==========  ============================================  =============================
+  code        forward ``f(x)``                              ``f'(x)`` (left one at 0)
+  ==========  ============================================  =============================
+  LEAKY_RELU  ``x if x > 0 else p x``                       ``1 if x > 0 else p``
+  ELU         ``x if x > 0 else p expm1(x)``                ``1 if x > 0 else p exp(x)``
+  SOFTPLUS    ``max(x, 0) + log1p(exp(-|p x|)) / p``        ``sigmoid(p x)``
+  ==========  ============================================  =============================
+
+  SOFTPLUS is ``log1p(exp(p x)) / p`` in a form that neither overflows nor cancels (no
+  linear cut-off); ``p x`` overflowing to ``+-inf`` gives the exact limits.  With the
+  default parameters (0.01, 1.0, 1.0) every result is bitwise the unparameterised
+  kernels' (``1.0 * x`` and ``t / 1.0`` are exact).  They return 0 when all inputs and
+  outputs are finite, 1 when an input is NaN/inf, 2 when an input is finite but an output
+  is not (e.g. ``p x`` overflowing for a huge slope, or ``log 2 / p`` for a tiny beta).
 
 Dropout: ``dropout_train(x_flat, u_flat, p, scale, out_flat)`` (element-wise mask) and
 ``apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat)`` (spatial).
@@ -404,6 +427,106 @@ def activation_forward_derivative(code, x_flat, out_flat, d_flat):
     return True
 
 
+# --------------------------------------------------------------------------- parameters
+@helper
+def _param_forward_chunk(code, p, x, out, start, stop):
+    """Forward of LEAKY_RELU / ELU / SOFTPLUS with parameter ``p`` on ``[start, stop)``
+    (any other code: the unparameterised forward); returns the status code."""
+    if code == LEAKY_RELU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = v if v > 0.0 else p * v
+    elif code == ELU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = v if v > 0.0 else p * math.expm1(v)
+    elif code == SOFTPLUS:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = max(v, 0.0) + math.log1p(math.exp(-abs(p * v))) / p
+    else:
+        _forward_chunk(code, x, out, start, stop)
+    if not _chunk_finite(x, start, stop):
+        return 1
+    if not _chunk_finite(out, start, stop):
+        return 2
+    return 0
+
+
+@helper
+def _param_derivative_chunk(code, p, x, out, start, stop):
+    """Derivative of LEAKY_RELU / ELU / SOFTPLUS with parameter ``p`` (left derivative at
+    the kink ``x = 0``); any other code: the unparameterised derivative."""
+    if code == LEAKY_RELU:
+        for i in range(start, stop):
+            out[i] = 1.0 if x[i] > 0.0 else p
+    elif code == ELU:
+        for i in range(start, stop):
+            v = x[i]
+            out[i] = 1.0 if v > 0.0 else p * math.exp(v)
+    elif code == SOFTPLUS:
+        for i in range(start, stop):
+            out[i] = _sigmoid(p * x[i])
+    else:
+        _derivative_chunk(code, x, out, start, stop)
+    if not _chunk_finite(x, start, stop):
+        return 1
+    if not _chunk_finite(out, start, stop):
+        return 2
+    return 0
+
+
+@helper
+def _worst(st):
+    """The first non-zero status of the chunks (0 when all are 0); chunks in order."""
+    for c in range(st.shape[0]):
+        if st[c] != 0:
+            return st[c]
+    return 0
+
+
+@kernel
+def activation_forward_param(code, p, x_flat, out_flat):
+    """``out_flat[i] = f_code(x_flat[i]; p)``; status 0 / 1 / 2 (see module doc)."""
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    st = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        st[c] = _param_forward_chunk(code, p, x_flat, out_flat, start, stop)
+    return _worst(st)
+
+
+@kernel
+def activation_derivative_param(code, p, x_flat, out_flat):
+    """``out_flat[i] = f_code'(x_flat[i]; p)``; status 0 / 1 / 2 (see module doc)."""
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    st = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        st[c] = _param_derivative_chunk(code, p, x_flat, out_flat, start, stop)
+    return _worst(st)
+
+
+@kernel
+def activation_forward_derivative_param(code, p, x_flat, out_flat, d_flat):
+    """Both :func:`activation_forward_param` and :func:`activation_derivative_param` in
+    one launch (bitwise their results); the status is the worse of the two."""
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    st = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        a = _param_forward_chunk(code, p, x_flat, out_flat, start, stop)
+        b = _param_derivative_chunk(code, p, x_flat, d_flat, start, stop)
+        st[c] = a if a != 0 else b
+    return _worst(st)
+
+
 @kernel
 def dropout_train(x_flat, u_flat, p, scale, out_flat):
     """Inverted dropout.  ``u_flat`` holds uniform draws in ``[0, 1)`` and is OVERWRITTEN
@@ -452,6 +575,9 @@ from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
 activation_forward_serial = serial_twin(activation_forward)
 activation_derivative_serial = serial_twin(activation_derivative)
 activation_forward_derivative_serial = serial_twin(activation_forward_derivative)
+activation_forward_param_serial = serial_twin(activation_forward_param)
+activation_derivative_param_serial = serial_twin(activation_derivative_param)
+activation_forward_derivative_param_serial = serial_twin(activation_forward_derivative_param)
 
 
 def sized_forward(n):
@@ -468,3 +594,19 @@ def sized_forward_derivative(n):
     """``activation_forward_derivative`` or its serial twin for ``n`` elements."""
     return (activation_forward_derivative_serial if n < SERIAL_WORK
             else activation_forward_derivative)
+
+
+def sized_forward_param(n):
+    """``activation_forward_param`` or its serial twin for ``n`` elements."""
+    return activation_forward_param_serial if n < SERIAL_WORK else activation_forward_param
+
+
+def sized_derivative_param(n):
+    """``activation_derivative_param`` or its serial twin for ``n`` elements."""
+    return activation_derivative_param_serial if n < SERIAL_WORK else activation_derivative_param
+
+
+def sized_forward_derivative_param(n):
+    """``activation_forward_derivative_param`` or its serial twin for ``n`` elements."""
+    return (activation_forward_derivative_param_serial if n < SERIAL_WORK
+            else activation_forward_derivative_param)

@@ -11,6 +11,10 @@ starting at ``base + j * segstride`` of the flat input:
 * weight norm: group ``i`` is slice ``i`` of ``[P, A, Q]`` along the middle axis
   (``nseg = P``, ``base = i * Q``, ``segstride = A * Q``, ``seglen = Q``).
 
+The affine options of layer / RMS / group / instance norm run
+:func:`normalize_rows_affine`: the same statistics and ``xhat`` as
+:func:`normalize_rows`, then ``(xhat * w) + b`` in the same pass (two roundings).
+
 Determinism: each group is reduced entirely inside one ``prange`` iteration, in a fixed
 order (fast path: ``lanes`` interleaved partial sums per chunk, added in order;
 scaled path: serial; chunks and segments in order), so results do not depend on the thread count.
@@ -272,6 +276,82 @@ def _normalize_row(x, st, n, eps, center, acc, out, status, r):
 
 
 @kernel
+def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem, G, cpg, S,
+                          check, out, status):
+    """:func:`normalize_rows` followed by an affine map, fused:
+    ``out = (xhat * w) + b`` with ``xhat`` bitwise the output of :func:`normalize_rows`
+    (two roundings: the product, then the sum; never a fused multiply-add; without
+    ``has_b`` only the product).
+
+    ``per_elem`` (layer / RMS norm): ``w``, ``b`` have length ``n``; element ``j`` of
+    every row uses ``w[j]``, ``b[j]``.  Otherwise (group / instance norm) the rows are
+    ``[N * G, cpg * S]`` of an ``[N, C = G * cpg, S]`` array and element ``j`` of row
+    ``r`` uses channel ``(r % G) * cpg + j // S`` (``G = C, cpg = 1`` for instance norm).
+    ``check``: verify that every output is finite (status OVERFLOW otherwise); the
+    facade sets it when ``max|w| * sqrt(n) + max|b|`` could exceed the float64 range
+    (``|xhat| <= sqrt(n)``).
+    """
+    nblk = min(rows, 256)
+    per = (rows + nblk - 1) // nblk
+    for blk in prange(nblk):
+        acc = np.empty(lanes)
+        for r in range(blk * per, min(rows, (blk + 1) * per)):
+            _normalize_row_affine(x, r, n, eps, center, acc, w, b, has_b, per_elem, G, cpg,
+                                  S, check, out, status)
+
+
+@helper
+def _normalize_row_affine(x, r, n, eps, center, acc, w, b, has_b, per_elem, G, cpg, S, check,
+                          out, status):
+    st = r * n
+    s, m, v, code = _group_stats(x, st, 1, n, n, center, acc)
+    status[r] = code
+    if code != OK:
+        return
+    inv = _inv_std(v, eps, s)
+    row = x[st:st + n]
+    orow = out[st:st + n]
+    if per_elem:
+        if s == 1.0:
+            if has_b:
+                for i in range(np.uint64(n)):
+                    orow[i] = ((row[i] - m) * inv) * w[i] + b[i]
+            else:
+                for i in range(np.uint64(n)):
+                    orow[i] = ((row[i] - m) * inv) * w[i]
+        else:
+            if has_b:
+                for i in range(np.uint64(n)):
+                    orow[i] = ((row[i] * s - m) * inv) * w[i] + b[i]
+            else:
+                for i in range(np.uint64(n)):
+                    orow[i] = ((row[i] * s - m) * inv) * w[i]
+    else:
+        c0 = (r % G) * cpg
+        for k in range(cpg):
+            wc = w[c0 + k]
+            bc = b[c0 + k] if has_b else 0.0
+            seg = row[k * S:(k + 1) * S]
+            oseg = orow[k * S:(k + 1) * S]
+            if s == 1.0:
+                if has_b:
+                    for i in range(np.uint64(S)):
+                        oseg[i] = ((seg[i] - m) * inv) * wc + bc
+                else:
+                    for i in range(np.uint64(S)):
+                        oseg[i] = ((seg[i] - m) * inv) * wc
+            else:
+                if has_b:
+                    for i in range(np.uint64(S)):
+                        oseg[i] = ((seg[i] * s - m) * inv) * wc + bc
+                else:
+                    for i in range(np.uint64(S)):
+                        oseg[i] = ((seg[i] * s - m) * inv) * wc
+    if check and not _seg_finite(orow):
+        status[r] = OVERFLOW
+
+
+@kernel
 def batch_norm_train(x, N, C, S, eps, gamma, beta, lanes, out, mean, var, status):
     """Batch norm with batch statistics on the flat ``[N, C, S]`` array ``x``.
 
@@ -443,8 +523,14 @@ def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
 from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
 
 normalize_rows_serial = serial_twin(normalize_rows)
+normalize_rows_affine_serial = serial_twin(normalize_rows_affine)
 
 
 def sized_normalize_rows(n):
     """``normalize_rows`` or its serial twin for ``n`` elements."""
     return normalize_rows_serial if n < SERIAL_WORK else normalize_rows
+
+
+def sized_normalize_rows_affine(n):
+    """``normalize_rows_affine`` or its serial twin for ``n`` elements."""
+    return normalize_rows_affine_serial if n < SERIAL_WORK else normalize_rows_affine

@@ -308,12 +308,15 @@ def _vjp_tanh(g, node, needs):
     return (g * (1.0 - y * y),)
 
 
-def activate(activation, x):
+def activate(activation, x, *, negative_slope=None, alpha=None, beta=None):
     """Differentiable :func:`hmath_dl.activations.activate`: ``y = f(x)``, ``dx = g * f'(x)``.
 
-    The forward value is exactly ``hmath_dl.activations.activate(activation, x.value)``;
-    ``f'`` comes from the activations kernel (at the kinks ``x = 0`` of RELU / LEAKY_RELU /
-    ELU the left derivative: 0, 0.01 and 1).
+    The forward value is exactly ``hmath_dl.activations.activate(activation, x.value,
+    negative_slope=..., alpha=..., beta=...)``; ``f'`` comes from the activations kernel
+    with the same parameter (at the kinks ``x = 0`` of RELU / LEAKY_RELU / ELU the left
+    derivative: 0, ``negative_slope`` and ``alpha``).  With a parameter:
+    LEAKY_RELU ``f' = 1`` for ``x > 0`` else ``negative_slope``; ELU ``f' = 1`` for
+    ``x > 0`` else ``alpha * exp(x)``; SOFTPLUS ``f' = sigmoid(beta * x)``.
 
     Parameters
     ----------
@@ -321,6 +324,9 @@ def activate(activation, x):
         The function ``f``.
     x : ADTensor or array_like
         A non-ADTensor is converted to a :func:`constant` (no gradient).
+    negative_slope, alpha, beta : float, optional, keyword-only
+        As for :func:`hmath_dl.activations.activate` (LEAKY_RELU / ELU / SOFTPLUS only;
+        finite; ``beta > 0``; defaults 0.01, 1.0, 1.0).
 
     Returns
     -------
@@ -331,37 +337,57 @@ def activate(activation, x):
     ------
     TypeError
         ``activation`` is not an :class:`~hmath_dl.activations.Activation`; ``x`` is None,
-        a string or not numeric.
+        a string or not numeric; a parameter is not a number.
+    DomainError
+        A parameter given for an activation that does not take it, NaN/inf, or
+        ``beta <= 0``.
     NonFiniteError
         A non-ADTensor ``x`` holds NaN or ±inf.
     NumericOverflow
         A result is not finite (the plain activation's checked-arithmetic guarantee).
     """
-    from ..activations import Activation, activate as plain_activate
+    from ..activations import Activation, _parameter, activate as plain_activate
     fname = "activate"
     act = _checks.member(fname, "activation", activation, Activation)
+    p = (None if negative_slope is None and alpha is None and beta is None
+         else _parameter(fname, act, negative_slope, alpha, beta))
+    opts = {} if p is None else {
+        {"LEAKY_RELU": "negative_slope", "ELU": "alpha", "SOFTPLUS": "beta"}[act.name]: p}
     x = _ad(fname, "x", x)
     if not x.needs_grad or x.size == 0:
-        return make_node("activate", plain_activate(act, x.value), (x,), (act.value, None))
+        return make_node("activate", plain_activate(act, x.value, **opts), (x,),
+                         (act.value, None, p))
     # x.value is a finite float64 C-contiguous tape value: one fused pass computes f and
     # f' (the bits of plain_activate and of activation_derivative); f' is kept for the vjp
-    from .._kernels.elementwise import sized_forward_derivative
     value = np.empty(x.shape)
     d = np.empty(x.shape)
-    if not sized_forward_derivative(x.size)(act.value, x.value.reshape(-1), value.reshape(-1),
-                                            d.reshape(-1)):
-        return make_node("activate", plain_activate(act, x.value), (x,), (act.value, None))
-    return make_node("activate", value, (x,), (act.value, d))
+    if p is None:
+        from .._kernels.elementwise import sized_forward_derivative
+        ok = sized_forward_derivative(x.size)(act.value, x.value.reshape(-1),
+                                              value.reshape(-1), d.reshape(-1))
+    else:
+        from .._kernels.elementwise import sized_forward_derivative_param
+        ok = sized_forward_derivative_param(x.size)(act.value, p, x.value.reshape(-1),
+                                                    value.reshape(-1), d.reshape(-1)) == 0
+    if not ok:  # let the plain layer raise its error
+        return make_node("activate", plain_activate(act, x.value, **opts), (x,),
+                         (act.value, None, p))
+    return make_node("activate", value, (x,), (act.value, d, p))
 
 
 def _vjp_activate(g, node, needs):
-    code, d = node.ctx
+    code, d = node.ctx[0], node.ctx[1]
+    p = node.ctx[2] if len(node.ctx) > 2 else None
     if d is None:
-        from .._kernels.elementwise import sized_derivative
         x = node.parents[0].value
         d = np.empty(x.shape)
         if x.size:
-            sized_derivative(x.size)(code, x.reshape(-1), d.reshape(-1))
+            if p is None:
+                from .._kernels.elementwise import sized_derivative
+                sized_derivative(x.size)(code, x.reshape(-1), d.reshape(-1))
+            else:
+                from .._kernels.elementwise import sized_derivative_param
+                sized_derivative_param(x.size)(code, p, x.reshape(-1), d.reshape(-1))
     return (g * d,)
 
 

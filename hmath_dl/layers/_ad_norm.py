@@ -5,16 +5,82 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff.core import make_node, register_vjp
-from ._ad_common import _ad, _c, _named
+from ..errors import NumericOverflow
+from ._ad_common import _ad, _c, _named, _opt_ad
 
 
 # =========================================================================== norms
-def layer_norm_ad(axes, epsilon, x):
-    """Differentiable :func:`~hmath_dl.layers.layer_norm`: ``y = (x - mean) / sqrt(var + epsilon)``
-    over the last ``axes`` axes (population variance), per index of the leading axes.
+def _affine_node(xh, y, weight, bias, per_elem, layout, bshape):
+    """Record ``y = (xhat * weight) + bias`` on the tape.
 
-    With ``r = 1/sqrt(var + epsilon)`` per row and ``y`` the output:
-    ``dx = r (g - mean(g) - y mean(g y))`` (means over the normalised axes).
+    ``xh`` is the ADTensor of the normalised value, ``y`` the plain layer's affine result
+    (so the forward numbers are the plain layer's by construction); ``weight``/``bias``
+    ADTensors or None, broadcast against ``x`` as ``bshape`` (the trailing axes, or
+    ``(C, 1, ..., 1)``).  ``per_elem``: ``layout = n`` (row length; layer / RMS norm);
+    else ``layout = (N, C, S)`` (per channel; group / instance norm)."""
+    if weight is None and bias is None:
+        return xh
+    parents = [xh]
+    if weight is not None:
+        parents.append(weight)
+    if bias is not None:
+        parents.append(bias)
+    ctx = (weight is not None, bias is not None, per_elem, layout, bshape)
+    return make_node("norm_affine", y, tuple(parents), ctx)
+
+
+def _values(*ts):
+    return tuple(None if t is None else t.value for t in ts)
+
+
+def _vjp_norm_affine(g, node, needs):
+    """``dxhat = g * weight``; ``dweight = sum g xhat``, ``dbias = sum g`` over the rows
+    (layer / RMS norm) or over ``N`` and the spatial positions (group / instance norm),
+    by the fixed-order kernels of :mod:`hmath_dl._kernels.norm_affine`."""
+    from .._kernels.norm_affine import affine_grads_channel, affine_grads_elem, sized
+    has_w, has_b, per_elem, layout, bshape = node.ctx
+    xh = node.parents[0]
+    w = node.parents[1] if has_w else None
+    g = _c(g)
+    length = layout if per_elem else layout[1]
+    gx = None
+    if needs[0]:
+        gx = g if w is None else g * w.value.reshape(bshape)
+    out = [gx]
+    if any(needs[1:]):
+        dw = np.zeros(length)
+        db = np.zeros(length)
+        if g.size:
+            gf = g.reshape(-1)
+            xf = _c(xh.value).reshape(-1)
+            if per_elem:
+                sized(affine_grads_elem, g.size)(gf, xf, g.size // layout, layout, dw, db)
+            else:
+                from .._kernels.norm import LANES
+                N, C, S = layout
+                sized(affine_grads_channel, g.size)(gf, xf, N, C, S, LANES, dw, db)
+        if has_w:
+            out.append(dw.reshape(w.shape))
+        if has_b:
+            out.append(db.reshape(node.parents[-1].shape))
+    else:
+        out.extend([None] * (len(node.parents) - 1))
+    return tuple(out)
+
+
+def _affine_args(fname, weight, bias):
+    return _opt_ad(fname, "weight", weight), _opt_ad(fname, "bias", bias)
+
+
+def layer_norm_ad(axes, epsilon, x, *, weight=None, bias=None):
+    """Differentiable :func:`~hmath_dl.layers.layer_norm`:
+    ``y = (xhat * weight) + bias``, ``xhat = (x - mean) / sqrt(var + epsilon)`` over the
+    last ``axes`` axes (population variance), per index of the leading axes.
+
+    With ``r = 1/sqrt(var + epsilon)`` per row and ``gh = g * weight`` (``g`` without a
+    weight): ``dx = r (gh - mean(gh) - xhat mean(gh xhat))`` (means over the normalised
+    axes); ``dweight = sum g xhat`` and ``dbias = sum g`` over the leading axes (rows in
+    increasing order).
 
     Parameters
     ----------
@@ -23,35 +89,48 @@ def layer_norm_ad(axes, epsilon, x):
     epsilon : float
         Finite, ``> 0``.
     x : ADTensor or array_like
-        A non-ADTensor is a constant.
+        A non-ADTensor is a constant.  An empty batch (leading axes) gives an empty result
+        (and zero ``weight``/``bias`` gradients).
+    weight, bias : ADTensor or array_like, optional, keyword-only
+        Exactly of shape ``x.shape[-axes:]``; a non-ADTensor is a constant.
 
     Returns
     -------
     ADTensor
-        Same shape as ``x``.
+        Same shape as ``x``; its value is bitwise
+        ``layer_norm(axes, epsilon, x, weight=weight, bias=bias)``.
 
     Raises
     ------
     DomainError
         ``axes`` or ``epsilon`` out of range.
-    TypeError, NonFiniteError, NumericOverflow
+    ShapeError, TypeError, NonFiniteError, NumericOverflow
         As for :func:`~hmath_dl.layers.layer_norm`; the message starts with
         ``layer_norm_ad:``.
     """
     from .normalization import layer_norm
     fname = "layer_norm_ad"
     x = _ad(fname, "x", x)
+    weight, bias = _affine_args(fname, weight, bias)
+    wv, bv = _values(weight, bias)
     with _named(fname):
         value = layer_norm(axes, epsilon, x.value)
-    return make_node("layer_norm", value, (x,), (int(axes), float(epsilon), True))
+        y = None if wv is None and bv is None else layer_norm(axes, epsilon, x.value,
+                                                              weight=wv, bias=bv)
+    k = int(axes)
+    tail = x.shape[x.ndim - k:]
+    xh = make_node("layer_norm", value, (x,), (k, float(epsilon), True))
+    return _affine_node(xh, y, weight, bias, True, _size(tail), tail)
 
 
-def rms_norm_ad(axes, epsilon, x):
-    """Differentiable :func:`~hmath_dl.layers.rms_norm`: ``y = x / sqrt(mean(x^2) + epsilon)``
-    over the last ``axes`` axes, per index of the leading axes.
+def rms_norm_ad(axes, epsilon, x, *, weight=None):
+    """Differentiable :func:`~hmath_dl.layers.rms_norm`:
+    ``y = xhat * weight``, ``xhat = x / sqrt(mean(x^2) + epsilon)`` over the last ``axes``
+    axes, per index of the leading axes.
 
-    With ``r = 1/sqrt(mean(x^2) + epsilon)`` and ``y`` the output:
-    ``dx = r (g - y mean(g y))``.
+    With ``r = 1/sqrt(mean(x^2) + epsilon)`` and ``gh = g * weight`` (``g`` without a
+    weight): ``dx = r (gh - xhat mean(gh xhat))``; ``dweight = sum g xhat`` over the
+    leading axes.
 
     Parameters
     ----------
@@ -60,26 +139,205 @@ def rms_norm_ad(axes, epsilon, x):
     epsilon : float
         Finite, ``> 0``.
     x : ADTensor or array_like
-        A non-ADTensor is a constant.
+        A non-ADTensor is a constant.  An empty batch gives an empty result.
+    weight : ADTensor or array_like, optional, keyword-only
+        Exactly of shape ``x.shape[-axes:]``; a non-ADTensor is a constant.
 
     Returns
     -------
     ADTensor
-        Same shape as ``x``.
+        Same shape as ``x``; its value is bitwise ``rms_norm(axes, epsilon, x, weight=weight)``.
 
     Raises
     ------
     DomainError
         ``axes`` or ``epsilon`` out of range.
-    TypeError, NonFiniteError, NumericOverflow
+    ShapeError, TypeError, NonFiniteError, NumericOverflow
         As for :func:`~hmath_dl.layers.rms_norm`; the message starts with ``rms_norm_ad:``.
     """
     from .normalization import rms_norm
     fname = "rms_norm_ad"
     x = _ad(fname, "x", x)
+    weight = _opt_ad(fname, "weight", weight)
+    (wv,) = _values(weight)
     with _named(fname):
         value = rms_norm(axes, epsilon, x.value)
-    return make_node("layer_norm", value, (x,), (int(axes), float(epsilon), False))
+        y = None if wv is None else rms_norm(axes, epsilon, x.value, weight=wv)
+    k = int(axes)
+    tail = x.shape[x.ndim - k:]
+    xh = make_node("layer_norm", value, (x,), (k, float(epsilon), False))
+    return _affine_node(xh, y, weight, None, True, _size(tail), tail)
+
+
+def _size(shape):
+    n = 1
+    for s_ in shape:
+        n *= int(s_)
+    return n
+
+
+def group_norm_ad(groups, epsilon, x, *, weight=None, bias=None):
+    """Differentiable :func:`~hmath_dl.layers.group_norm`:
+    ``y = (xhat * weight[c]) + bias[c]``, ``xhat = (x - mean) / sqrt(var + epsilon)`` with
+    mean and population variance over each group's ``C / groups`` channels and all
+    spatial positions, per ``n``.
+
+    The groups are the rows ``[N * groups, (C / groups) * prod(spatial)]`` of ``x``; with
+    ``r = 1/sqrt(var + epsilon)`` per row and ``gh = g * weight[c]``:
+    ``dx = r (gh - mean(gh) - xhat mean(gh xhat))`` (means over the row);
+    ``dweight[c] = sum g xhat`` and ``dbias[c] = sum g`` over ``N`` and the spatial axes.
+
+    Parameters
+    ----------
+    groups : int
+        ``>= 1``, dividing C.
+    epsilon : float
+        Finite, ``> 0``.
+    x : ADTensor or array_like, ``[N, C, *spatial]`` (``[N, C]`` allowed)
+        A non-ADTensor is a constant.  ``N == 0`` gives an empty result.
+    weight, bias : ADTensor or array_like of shape ``(C,)``, optional, keyword-only
+        A non-ADTensor is a constant.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``; its value is bitwise
+        ``group_norm(groups, epsilon, x, weight=weight, bias=bias)``.
+
+    Raises
+    ------
+    DomainError, ShapeError, TypeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.group_norm`; the message starts with
+        ``group_norm_ad:``.
+    """
+    from .normalization import group_norm
+    fname = "group_norm_ad"
+    x = _ad(fname, "x", x)
+    weight, bias = _affine_args(fname, weight, bias)
+    wv, bv = _values(weight, bias)
+    with _named(fname):
+        value = group_norm(groups, epsilon, x.value)
+        y = None if wv is None and bv is None else group_norm(groups, epsilon, x.value,
+                                                              weight=wv, bias=bv)
+    N, c, S = x.shape[0], x.shape[1], _size(x.shape[2:])
+    xh = make_node("norm_rows", value, (x,), ((c // int(groups)) * S, float(epsilon), True))
+    return _affine_node(xh, y, weight, bias, False, (N, c, S), (c,) + (1,) * (x.ndim - 2))
+
+
+def instance_norm_ad(epsilon, x, *, weight=None, bias=None):
+    """Differentiable :func:`~hmath_dl.layers.instance_norm`:
+    ``y = (xhat * weight[c]) + bias[c]``, ``xhat = (x - mean) / sqrt(var + epsilon)`` with
+    mean and population variance over the spatial axes, per ``(n, c)``.
+
+    The planes are the rows ``[N * C, prod(spatial)]``; with ``r = 1/sqrt(var + epsilon)``
+    and ``gh = g * weight[c]``: ``dx = r (gh - mean(gh) - xhat mean(gh xhat))``;
+    ``dweight[c] = sum g xhat``, ``dbias[c] = sum g`` over ``N`` and the spatial axes.
+
+    Parameters
+    ----------
+    epsilon : float
+        Finite, ``> 0``.
+    x : ADTensor or array_like, ``[N, C, *spatial]`` (at least one spatial axis)
+        A non-ADTensor is a constant.  ``N == 0`` gives an empty result.
+    weight, bias : ADTensor or array_like of shape ``(C,)``, optional, keyword-only
+        A non-ADTensor is a constant.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``x``; its value is bitwise
+        ``instance_norm(epsilon, x, weight=weight, bias=bias)``.
+
+    Raises
+    ------
+    DomainError, ShapeError, TypeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.instance_norm`; the message starts with
+        ``instance_norm_ad:``.
+    """
+    from .normalization import instance_norm
+    fname = "instance_norm_ad"
+    x = _ad(fname, "x", x)
+    weight, bias = _affine_args(fname, weight, bias)
+    wv, bv = _values(weight, bias)
+    with _named(fname):
+        value = instance_norm(epsilon, x.value)
+        y = None if wv is None and bv is None else instance_norm(epsilon, x.value, weight=wv,
+                                                                 bias=bv)
+    N, c, S = x.shape[0], x.shape[1], _size(x.shape[2:])
+    xh = make_node("norm_rows", value, (x,), (S, float(epsilon), True))
+    return _affine_node(xh, y, weight, bias, False, (N, c, S), (c,) + (1,) * (x.ndim - 2))
+
+
+def _vjp_norm_rows(g, node, needs):
+    """Rows of length ``n`` (group / instance norm): the layer-norm row backward."""
+    from .._kernels.backward import norm_rows_backward, sized
+    x = node.parents[0]
+    n, eps, center = node.ctx
+    dx = np.empty(x.shape)
+    if dx.size:
+        fn = sized(norm_rows_backward, x.size)
+        fn(x.value.reshape(-1), node.value.reshape(-1), _c(g).reshape(-1), x.size // n, n, eps,
+           center, dx.reshape(-1))
+    return (dx,)
+
+
+def weight_norm_ad(axis, magnitudes, w):
+    """Differentiable :func:`~hmath_dl.layers.weight_norm`:
+    ``y[i] = magnitudes[i] * w[i] / ||w[i]||`` for every slice ``i`` along ``axis``.
+
+    With ``u = w[i] / ||w[i]||``: ``dmagnitudes[i] = sum(g[i] u)`` and
+    ``dw[i] = magnitudes[i] / ||w[i]|| * (g[i] - u sum(g[i] u))`` (sums over the slice;
+    the norm with the forward's exact power-of-two scaling, so no overflow in the squares).
+
+    Parameters
+    ----------
+    axis : int
+        In ``[-w.ndim, w.ndim)``.
+    magnitudes : ADTensor or array_like, length ``w.shape[axis]``
+        A non-ADTensor is a constant.
+    w : ADTensor or array_like, at least 1 axis
+        A non-ADTensor is a constant.
+
+    Returns
+    -------
+    ADTensor
+        Same shape as ``w``; its value is bitwise ``weight_norm(axis, magnitudes, w)``.
+
+    Raises
+    ------
+    DomainError, ShapeError, TypeError, NonFiniteError, NumericOverflow
+        As for :func:`~hmath_dl.layers.weight_norm` (an all-zero slice: DomainError); the
+        message starts with ``weight_norm_ad:``.  A gradient beyond the float64 range
+        raises NumericOverflow when gradients are computed.
+    """
+    from .normalization import weight_norm
+    fname = "weight_norm_ad"
+    mags = _ad(fname, "magnitudes", magnitudes)
+    w = _ad(fname, "w", w)
+    with _named(fname):
+        value = weight_norm(axis, mags.value, w.value)
+    ax = int(axis) % w.ndim
+    return make_node("weight_norm", value, (mags, w), (ax,))
+
+
+def _vjp_weight_norm(g, node, needs):
+    from .._kernels.norm_affine import sized, weight_norm_backward
+    mags, w = node.parents
+    (ax,) = node.ctx
+    a = w.shape[ax]
+    dw = np.zeros(w.shape)
+    dm = np.zeros(a)
+    if w.size:
+        p = _size(w.shape[:ax])
+        q = _size(w.shape[ax + 1:])
+        status = np.zeros(a, dtype=np.int8)
+        sized(weight_norm_backward, w.size)(_c(w.value).reshape(-1), _c(g).reshape(-1), p, a,
+                                           q, _c(mags.value), dw.reshape(-1), dm, status)
+        if status.any():
+            i = int(np.flatnonzero(status)[0])
+            raise NumericOverflow(f"weight_norm_ad: gradient is not finite for slice {i} "
+                                  f"(beyond the float64 range)")
+    return (dm, dw)
 
 
 def _vjp_layer_norm(g, node, needs):
@@ -163,6 +421,9 @@ def _vjp_batch_norm(g, node, needs):
 
 RULES = {
     "layer_norm": _vjp_layer_norm,
+    "norm_rows": _vjp_norm_rows,
+    "norm_affine": _vjp_norm_affine,
+    "weight_norm": _vjp_weight_norm,
     "batch_norm": _vjp_batch_norm,
 }
 register_vjp(RULES)

@@ -9,6 +9,11 @@ inside one parallel iteration, so results are bitwise identical for any
 a non-finite row sum and the facade then reports the offending element.  Rows whose sums
 overflow although every input is finite (``|x|`` near ``1e308``) are recomputed with an
 exact power-of-two scaling, so they give the mathematically defined (finite) result.
+
+Affine options (``weight``/``bias`` of layer, RMS, group and instance norm): the same
+kernel pass computes ``xhat`` bitwise as without them and then ``(xhat * weight) + bias``
+with two roundings (never a fused multiply-add), so the affine result equals numpy's
+``xhat * weight + bias`` bit for bit; without them the original kernel runs unchanged.
 """
 
 from __future__ import annotations
@@ -57,6 +62,47 @@ def _rows(fname, xa, rows, n, eps, center):
     status = np.zeros(rows, dtype=np.int8)
     sized_normalize_rows(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, out.reshape(-1),
                                   status)
+    _raise_status(fname, status, xa)
+    return out
+
+
+def _affine_param(fname, name, value, shape, what):
+    """``weight`` / ``bias``: None, or a finite float64 array of exactly ``shape``."""
+    if value is None:
+        return None
+    a = _checks.tensor(fname, name, value, finite=False)
+    if a.shape != tuple(shape):
+        raise ShapeError(f"{fname}: {name} has the wrong shape (got {_checks.shape_str(a.shape)}, "
+                         f"expected {_checks.shape_str(shape)}: {what}; no broadcasting)")
+    _checks.require_finite(fname, name, a)
+    return a
+
+
+def _rows_affine(fname, xa, rows, n, eps, center, w, b, per_elem, groups, cpg, s):
+    """Normalise ``[rows, n]`` and apply ``(xhat * w) + b`` in the same kernel pass.
+
+    ``per_elem``: ``w``/``b`` of length ``n`` (layer / RMS norm); otherwise per channel of
+    ``[N, groups * cpg, s]`` (group / instance norm).  ``w`` None means no product, ``b``
+    None no sum.  Falls back to :func:`_rows` when both are None."""
+    if w is None and b is None:
+        return _rows(fname, xa, rows, n, eps, center)
+    from .._kernels.norm import LANES, sized_normalize_rows_affine
+
+    out = _checks.alloc(fname, xa.shape)
+    if out.size == 0:
+        return out
+    length = n if per_elem else groups * cpg
+    wk = np.ones(length) if w is None else w.reshape(-1)  # x * 1.0 is exact (signs too)
+    has_b = b is not None
+    bk = b.reshape(-1) if has_b else np.zeros(length)
+    # |xhat| <= sqrt(n): outputs can only leave the float64 range when this bound is huge
+    wmax = float(np.max(np.abs(wk))) if wk.size else 0.0   # max: exact, order-free
+    bmax = float(np.max(np.abs(bk))) if has_b and bk.size else 0.0
+    check = wmax * (n ** 0.5) * 1.001 + bmax > 1.0e300
+    status = np.zeros(rows, dtype=np.int8)
+    sized_normalize_rows_affine(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, wk, bk,
+                                         has_b, per_elem, groups, cpg, s, check,
+                                         out.reshape(-1), status)
     _raise_status(fname, status, xa)
     return out
 
@@ -232,22 +278,34 @@ def _axes(fname, axes, ndim):
     return a
 
 
-def _trailing(fname, axes, epsilon, x, center):
+def _trailing(fname, axes, epsilon, x, center, weight=None, bias=None):
     """layer_norm (``center``) / rms_norm over the last ``axes`` axes of ``x``."""
     eps = _epsilon(fname, epsilon)
     xa = _checks.tensor(fname, "x", x, finite=False)
     k = _axes(fname, axes, xa.ndim)
-    n = _prod(xa.shape[xa.ndim - k:])
+    tail = xa.shape[xa.ndim - k:]
+    n = _prod(tail)
     rows = _prod(xa.shape[:xa.ndim - k])
-    return _rows(fname, xa, rows, n, eps, center)
+    if weight is None and bias is None:
+        return _rows(fname, xa, rows, n, eps, center)
+    what = f"x.shape[-{k}:], the normalised trailing axes of x"
+    w = _affine_param(fname, "weight", weight, tail, what)
+    b = _affine_param(fname, "bias", bias, tail, what)
+    return _rows_affine(fname, xa, rows, n, eps, center, w, b, True, 1, n, 1)
 
 
-def layer_norm(axes, epsilon, x):
-    """Layer normalisation over the last ``axes`` axes (no affine part).
+def layer_norm(axes, epsilon, x, *, weight=None, bias=None):
+    """Layer normalisation over the last ``axes`` axes, with an optional affine map.
 
-    ``y = (x - mean) / sqrt(var + epsilon)`` where ``mean`` and the population variance
+    ``xhat = (x - mean) / sqrt(var + epsilon)`` where ``mean`` and the population variance
     ``var`` are taken over the last ``axes`` axes, separately for every index of the
-    leading axes.
+    leading axes (evaluated as ``(x - mean) * r``, ``r = 1 / sqrt(var + epsilon)``).
+
+    With ``weight`` and/or ``bias`` the result is ``y = (xhat * weight) + bias`` where
+    ``xhat`` is bitwise the result without them: the product is rounded, then the sum is
+    rounded (two roundings, never a fused multiply-add); a missing ``weight`` means no
+    product, a missing ``bias`` no sum.  So ``y`` equals numpy's ``xhat * weight + bias``
+    bit for bit.
 
     Parameters
     ----------
@@ -256,6 +314,12 @@ def layer_norm(axes, epsilon, x):
     epsilon : float
         Finite, ``> 0`` (DomainError).
     x : array_like
+        The leading axes (``x.shape[:-axes]``) are the batch: an empty batch gives an
+        empty result.  Empty normalised axes give an empty result too (no statistic is
+        computed; the output has no elements).
+    weight, bias : array_like, optional, keyword-only
+        Exactly of shape ``x.shape[-axes:]`` (no broadcasting; ShapeError otherwise),
+        finite (NonFiniteError).  Default None: no affine part (today's numbers).
 
     Returns
     -------
@@ -263,17 +327,22 @@ def layer_norm(axes, epsilon, x):
 
     Raises
     ------
-    DomainError, NonFiniteError (NaN/inf in ``x``), NumericOverflow, TypeError.
+    DomainError, ShapeError, NonFiniteError (NaN/inf in ``x``, ``weight`` or ``bias``),
+    NumericOverflow (``xhat * weight + bias`` beyond the float64 range), TypeError.
     """
-    return _trailing("layer_norm", axes, epsilon, x, center=True)
+    return _trailing("layer_norm", axes, epsilon, x, True, weight, bias)
 
 
-def rms_norm(axes, epsilon, x):
-    """RMS normalisation over the last ``axes`` axes: ``y = x / sqrt(mean(x*x) + epsilon)``.
+def rms_norm(axes, epsilon, x, *, weight=None):
+    """RMS normalisation over the last ``axes`` axes, with an optional scale:
+    ``y = (x / sqrt(mean(x*x) + epsilon)) * weight``.
 
     ``mean(x*x)`` is taken over the last ``axes`` axes for every index of the leading
-    axes.  Overflow-safe: when ``x*x`` would overflow (``|x| > 1e154``) the row is
+    axes (the normalised value is evaluated as ``x * r``, ``r = 1 / sqrt(mean(x*x) +
+    epsilon)``).  Overflow-safe: when ``x*x`` would overflow (``|x| > 1e154``) the row is
     computed with an exact power-of-two rescaling, so the (finite) result is returned.
+    With ``weight`` the normalised value (bitwise the result without it) is multiplied by
+    ``weight`` with one rounding: ``y`` equals numpy's ``rms_norm(axes, eps, x) * weight``.
 
     Parameters
     ----------
@@ -282,6 +351,10 @@ def rms_norm(axes, epsilon, x):
     epsilon : float
         Finite, ``> 0`` (DomainError).
     x : array_like
+        The leading axes are the batch: an empty batch gives an empty result.
+    weight : array_like, optional, keyword-only
+        Exactly of shape ``x.shape[-axes:]`` (ShapeError otherwise), finite
+        (NonFiniteError).  Default None: no scale.
 
     Returns
     -------
@@ -289,21 +362,32 @@ def rms_norm(axes, epsilon, x):
 
     Raises
     ------
-    DomainError, NonFiniteError (NaN/inf in ``x``), NumericOverflow, TypeError.
+    DomainError, ShapeError, NonFiniteError (NaN/inf in ``x`` or ``weight``),
+    NumericOverflow, TypeError.
     """
-    return _trailing("rms_norm", axes, epsilon, x, center=False)
+    return _trailing("rms_norm", axes, epsilon, x, False, weight, None)
 
 
-def instance_norm(epsilon, x):
-    """Instance normalisation: ``y = (x - mean) / sqrt(var + epsilon)`` with mean and
-    population variance over the spatial axes, separately for every ``(n, c)``.
+def instance_norm(epsilon, x, *, weight=None, bias=None):
+    """Instance normalisation with an optional per-channel affine map:
+    ``xhat = (x - mean) / sqrt(var + epsilon)`` with mean and population variance over the
+    spatial axes, separately for every ``(n, c)``; ``y = (xhat * weight[c]) + bias[c]``.
+
+    ``xhat`` is evaluated as ``(x - mean) * r``, ``r = 1 / sqrt(var + epsilon)``.  With
+    ``weight`` and/or ``bias``, ``xhat`` is bitwise the result without them; the product
+    is rounded, then the sum (two roundings, never a fused multiply-add); a missing
+    ``weight`` means no product, a missing ``bias`` no sum.
 
     Parameters
     ----------
     epsilon : float
         Finite, ``> 0`` (DomainError).
     x : array_like, shape ``[N, C, *spatial]``
-        At least one spatial axis (ShapeError otherwise).
+        At least one spatial axis (ShapeError otherwise).  ``N == 0`` (or ``C == 0``)
+        gives an empty result; empty spatial axes give an empty result too (no statistic
+        is computed).
+    weight, bias : array_like, optional, keyword-only
+        Exactly of shape ``(C,)`` (ShapeError otherwise), finite (NonFiniteError).
 
     Returns
     -------
@@ -311,19 +395,31 @@ def instance_norm(epsilon, x):
 
     Raises
     ------
-    ShapeError, DomainError, NonFiniteError, NumericOverflow, TypeError.
+    ShapeError, DomainError, NonFiniteError (NaN/inf in ``x``, ``weight`` or ``bias``),
+    NumericOverflow, TypeError.
     """
     fname = "instance_norm"
     eps = _epsilon(fname, epsilon)
     xa = _checks.tensor(fname, "x", x, min_ndim=3, finite=False)
-    rows = xa.shape[0] * xa.shape[1]
-    return _rows(fname, xa, rows, _prod(xa.shape[2:]), eps, True)
+    c = xa.shape[1]
+    w = _affine_param(fname, "weight", weight, (c,), "(C,), one per channel of x")
+    b = _affine_param(fname, "bias", bias, (c,), "(C,), one per channel of x")
+    rows = xa.shape[0] * c
+    s = _prod(xa.shape[2:])
+    return _rows_affine(fname, xa, rows, s, eps, True, w, b, False, c, 1, s)
 
 
-def group_norm(groups, epsilon, x):
-    """Group normalisation: channels are split into ``groups`` consecutive groups of
-    ``C / groups``; ``y = (x - mean) / sqrt(var + epsilon)`` with mean and population
-    variance over a group's channels and all spatial positions, separately per ``n``.
+def group_norm(groups, epsilon, x, *, weight=None, bias=None):
+    """Group normalisation with an optional per-channel affine map: channels are split
+    into ``groups`` consecutive groups of ``C / groups``;
+    ``xhat = (x - mean) / sqrt(var + epsilon)`` with mean and population variance over a
+    group's channels and all spatial positions, separately per ``n``;
+    ``y = (xhat * weight[c]) + bias[c]``.
+
+    ``xhat`` is evaluated as ``(x - mean) * r``, ``r = 1 / sqrt(var + epsilon)``.  With
+    ``weight`` and/or ``bias``, ``xhat`` is bitwise the result without them; the product
+    is rounded, then the sum (two roundings, never a fused multiply-add); a missing
+    ``weight`` means no product, a missing ``bias`` no sum.
 
     Parameters
     ----------
@@ -332,7 +428,11 @@ def group_norm(groups, epsilon, x):
     epsilon : float
         Finite, ``> 0`` (DomainError).
     x : array_like, shape ``[N, C, *spatial]``
-        At least 2 axes (``[N, C]`` is allowed: no spatial axis).
+        At least 2 axes (``[N, C]`` is allowed: no spatial axis).  ``N == 0`` gives an
+        empty result.
+    weight, bias : array_like, optional, keyword-only
+        Exactly of shape ``(C,)`` (ShapeError otherwise), finite (NonFiniteError); applied
+        per channel (not per group).
 
     Returns
     -------
@@ -340,7 +440,8 @@ def group_norm(groups, epsilon, x):
 
     Raises
     ------
-    ShapeError, DomainError, NonFiniteError, NumericOverflow, TypeError.
+    ShapeError, DomainError, NonFiniteError (NaN/inf in ``x``, ``weight`` or ``bias``),
+    NumericOverflow, TypeError.
     """
     fname = "group_norm"
     g = _checks.integer(fname, "groups", groups, min=1)
@@ -350,8 +451,11 @@ def group_norm(groups, epsilon, x):
     if c % g != 0:
         raise DomainError(f"{fname}: groups must divide the channel count (got groups {g}, "
                           f"C = {c})")
+    w = _affine_param(fname, "weight", weight, (c,), "(C,), one per channel of x")
+    b = _affine_param(fname, "bias", bias, (c,), "(C,), one per channel of x")
     rows = xa.shape[0] * g
-    return _rows(fname, xa, rows, (c // g) * _prod(xa.shape[2:]), eps, True)
+    s = _prod(xa.shape[2:])
+    return _rows_affine(fname, xa, rows, (c // g) * s, eps, True, w, b, False, g, c // g, s)
 
 
 # --------------------------------------------------------------------------- weight norm
