@@ -703,6 +703,67 @@ def multihead_attention_ad():
     return multihead_attention().map(lambda a: (a[0], V(a[1]), V(a[2]), V(a[3]), a[4]))
 
 
+@spec(L, ["groups", "epsilon", "x"])
+def group_norm_ad():
+    return group_norm().map(lambda a: (a[0], a[1], V(a[2])))
+
+
+@spec(L, ["epsilon", "x"])
+def instance_norm_ad():
+    return instance_norm().map(lambda a: (a[0], V(a[1])))
+
+
+@spec(L, ["axis", "magnitudes", "w"])
+def weight_norm_ad():
+    return weight_norm().map(lambda a: (a[0], V(a[1]), V(a[2])))
+
+
+@spec(L, ["options", "x", "w", "bias"])
+def depthwise_convolution_ad():
+    return depthwise_convolution().map(
+        lambda a: (a[0], V(a[1]), V(a[2]), None if a[3] is None else V(a[3])))
+
+
+@spec(L, ["mode", "output_size", "x"])
+def adaptive_pooling_ad():
+    return adaptive_pooling().map(lambda a: a[:2] + (V(a[2]),))
+
+
+@spec(L, ["mode", "x"])
+def global_pooling_ad():
+    return global_pooling().map(lambda a: (a[0], V(a[1])))
+
+
+@spec(L, ["mode", "p", "rng", "x"])
+def spatial_dropout_ad():
+    return spatial_dropout().map(lambda a: a[:3] + (V(a[3]),))
+
+
+@spec(L, ["base", "offset", "x"])
+def rotary_embedding_ad():
+    return rotary_embedding().map(lambda a: a[:2] + (V(a[2]),))
+
+
+@spec(L, ["activation", "w1", "b1", "w2", "b2", "x"])
+def transformer_feed_forward_ad():
+    return transformer_feed_forward().map(
+        lambda a: (a[0], V(a[1]), V(a[2]), V(a[3]), V(a[4]), V(a[5])))
+
+
+@spec(L, ["window", "stride", "padding", "x"])
+def max_pooling_with_indices():
+    return pooling().map(lambda a: a[1:])
+
+
+@spec(L, ["values", "indices", "output_size"])
+def max_unpooling():
+    def build(a):
+        window, stride, padding, x = a[1:]
+        values, indices = mod(L).max_pooling_with_indices(window, stride, padding, x)
+        return (values, indices, x.shape[2:])
+    return pooling().map(build)
+
+
 @spec(D, ["fn", "inputs"], allowed=(AssertionError,))
 def check_gradients():
     fns = [lambda x: mod(D).sum(mod(D).tanh(x) * x), lambda x: mod(D).exp(x) * 2.0]
