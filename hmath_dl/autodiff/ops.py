@@ -407,8 +407,21 @@ def _keep_shape(shape, axes):
     return tuple(1 if i in axes else s for i, s in enumerate(shape))
 
 
+def _fixed_sum(v, axes, keepdims):
+    """``numpy.sum(v, axes, keepdims=keepdims)`` in the fixed order of
+    :func:`hmath_dl._kernels.reduce.sum_to` (no numpy reduction)."""
+    from .._kernels.reduce import sum_to
+    out = sum_to(v, [i not in axes for i in range(v.ndim)])
+    if keepdims:
+        out = out.reshape(_keep_shape(v.shape, axes))
+    return out
+
+
 def sum(x, axis=None, keepdims=False):
     """``y = numpy.sum(x, axis, keepdims=keepdims)``; the gradient broadcasts ``g`` back.
+
+    The sum runs in a fixed order (:func:`hmath_dl._kernels.reduce.sum_to`: the same bits on
+    every CPU), not numpy's pairwise order, so the last bit can differ from ``numpy.sum``.
 
     Parameters
     ----------
@@ -440,9 +453,8 @@ def sum(x, axis=None, keepdims=False):
     x = _ad(fname, "x", x)
     axes = _axes(fname, axis, x.ndim)
     keepdims = _checks.boolean(fname, "keepdims", keepdims)
-    with np.errstate(all="ignore"):
-        value = np.sum(x.value, axis=axes, keepdims=keepdims)
-    value = _checked(fname, np.asarray(value, dtype=np.float64), "the sum overflowed")
+    value = _fixed_sum(x.value, axes, keepdims)
+    value = _checked(fname, value, "the sum overflowed")
     return make_node("sum", value, (x,), axes)
 
 
@@ -488,7 +500,7 @@ def mean(x, axis=None, keepdims=False):
         raise NumericOverflow(f"{fname}: mean over zero elements is undefined "
                               f"(x has shape {_shape(x.shape)}, axis {axis!r})")
     with np.errstate(all="ignore"):
-        value = np.sum(x.value, axis=axes, keepdims=keepdims) / count
+        value = _fixed_sum(x.value, axes, keepdims) / count
     value = _checked(fname, np.asarray(value, dtype=np.float64), "the sum overflowed")
     return make_node("mean", value, (x,), (axes, count))
 
