@@ -165,7 +165,8 @@ X = np.zeros((1, 2, 4, 4))
     (lambda: pooling(PoolMode.MAX, 2, 2, 0, np.zeros((2, 4))), ShapeError, "x"),
     (lambda: pooling(PoolMode.MAX, 2, 2, 0, np.zeros((1,) * 6)), ShapeError, "x"),
     (lambda: pooling(PoolMode.MAX, 2, 2, 0, np.zeros((1, 2, 0, 3))), ShapeError, "x"),
-    (lambda: pooling(PoolMode.MAX, (2, 2, 2), 2, 0, X), ShapeError, "window"),
+    # a 3-entry window needs x with 4 (unbatched) or 5 axes (API.md section 8)
+    (lambda: pooling(PoolMode.MAX, (2, 2, 2), 2, 0, np.zeros((1, 2, 4))), ShapeError, "window"),
     (lambda: pooling(PoolMode.MAX, 2, (1,), 0, X), ShapeError, "stride"),
     (lambda: pooling(PoolMode.MAX, 2, 2, (0, 0, 0), X), ShapeError, "padding"),
     (lambda: pooling(PoolMode.MAX, 0, 2, 0, X), DomainError, "window"),
@@ -190,7 +191,7 @@ def test_pooling_errors(call, error, fragment):
 @pytest.mark.parametrize("call, error, fragment", [
     (lambda: adaptive_pooling(1, 2, X), TypeError, "mode"),
     (lambda: adaptive_pooling(PoolMode.MAX, 2.5, X), TypeError, "output_size"),
-    (lambda: adaptive_pooling(PoolMode.MAX, (2, 2, 2), X), ShapeError, "output_size"),
+    (lambda: adaptive_pooling(PoolMode.MAX, (2, 2, 2), np.zeros((1, 2, 4))), ShapeError, "output_size"),
     (lambda: adaptive_pooling(PoolMode.MAX, (2, 0), X), DomainError, "output_size"),
     (lambda: adaptive_pooling(PoolMode.MAX, -1, X), DomainError, "output_size"),
     (lambda: adaptive_pooling(PoolMode.MAX, 2, np.zeros(3)), ShapeError, "x"),

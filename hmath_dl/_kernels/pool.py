@@ -1,22 +1,26 @@
 """Pooling kernels on 3 spatial axes (1-D and 2-D inputs are viewed with unit leading
 spatial axes).
 
-Every pooling flavour (windowed with stride and padding, adaptive, global) is described
-the same way: per spatial axis, output index ``i`` reduces the input range
-``[lo[i], hi[i])`` (already clipped to the input, so padding never takes part; the
-facade guarantees ``lo[i] < hi[i]``).  The window of output ``(od, oh, ow)`` is the box
-``[lo_d[od], hi_d[od]) x [lo_h[oh], hi_h[oh]) x [lo_w[ow], hi_w[ow])``.
+Every pooling flavour (windowed with stride, padding, dilation and ceil mode; adaptive;
+global) is described the same way: per spatial axis, output index ``i`` reads the input
+positions ``lo[i], lo[i] + st, ... < hi[i]`` (``st`` the dilation, 1 for adaptive bins;
+already clipped to the input, so padding never takes part) and contributes the integer
+factor ``cn[i]`` to an average's divisor.  The window of output ``(od, oh, ow)`` is the
+product of its three per-axis position sets; its divisor is
+``cn_d[od] * cn_h[oh] * cn_w[ow]`` (the facade puts the real count, the padded count of
+``count_include_pad`` or ``divisor_override`` there).  An empty range (``lo >= hi``) is
+allowed for averages only (a window of pure padding whose value is a well-defined 0).
 
-* :func:`pool_boxes` - max or average (sum / number of elements in the box), computed
-  separably: along D, then H, then W.  For max this is exactly the box maximum; for the
-  average the sum is formed in the fixed order (d, then h, then w) and divided once by
-  the element count.
+* :func:`pool_boxes` - max or average (sum / divisor), computed separably: along D,
+  then H, then W.  For max this is exactly the box maximum; for the average the sum is
+  formed in the fixed order (d, then h, then w) and divided once by the divisor.
 * :func:`global_pool` - the whole-plane case of :func:`pool_boxes` (same numbers), with
   no per-plane allocations.
 * :func:`max_pool_argmax` - box maximum together with the flat index ``d*H*W + h*W + w``
   (within the input's spatial volume of that (n, c)) of its winner: the FIRST maximum in
-  window order (d, then h, then w, ascending).  Meant for the max-pooling backward pass
-  (scatter the cotangent to that index).
+  window order (d, then h, then w, ascending), for contiguous boxes.  (Dilated windows and
+  the public ``max_pooling_with_indices``: :mod:`._kernels.pool_indices`; backward passes:
+  :mod:`._kernels.pool_backward`.)
 
 Parallel over (n, c) planes; each plane is reduced in a fixed order, so the bits never
 depend on the thread count.
@@ -29,42 +33,72 @@ from ._jit import helper, kernel
 
 
 @helper
-def _reduce_rows(src, lo, hi, is_max, dst):
-    """dst[r, i] = reduce(src[r, lo[i]:hi[i]]) for every row r (2-D arrays)."""
+def _reduce_rows(src, lo, hi, step, is_max, dst):
+    """dst[r, i] = reduce(src[r, lo[i]:hi[i]:step]) for every row r (2-D arrays); an empty
+    range (``lo[i] >= hi[i]``, only for sums) gives 0."""
     R = src.shape[0]
     O = dst.shape[1]
+    general = step != 1
+    for i in range(O):
+        if lo[i] >= hi[i]:
+            general = True
+    if not general:     # contiguous, nonempty ranges: the tightest loops
+        for r in range(R):
+            s = src[r]
+            d = dst[r]
+            for i in range(O):
+                a = lo[i]
+                b = hi[i]
+                v = s[a]
+                if is_max:
+                    for k in range(a + 1, b):
+                        u = s[k]
+                        if u > v:
+                            v = u
+                else:
+                    for k in range(a + 1, b):
+                        v += s[k]
+                d[i] = v
+        return
     for r in range(R):
         s = src[r]
         d = dst[r]
         for i in range(O):
             a = lo[i]
             b = hi[i]
+            if a >= b:
+                d[i] = 0.0
+                continue
             v = s[a]
             if is_max:
-                for k in range(a + 1, b):
+                for k in range(a + step, b, step):
                     u = s[k]
                     if u > v:
                         v = u
             else:
-                for k in range(a + 1, b):
+                for k in range(a + step, b, step):
                     v += s[k]
             d[i] = v
 
 
 @helper
-def _reduce_cols(src, lo, hi, is_max, dst):
-    """dst[b, i, :] = reduce(src[b, lo[i]:hi[i], :]) along axis 1 (3-D arrays),
-    vectorised along the contiguous last axis."""
+def _reduce_cols(src, lo, hi, step, is_max, dst):
+    """dst[b, i, :] = reduce(src[b, lo[i]:hi[i]:step, :]) along axis 1 (3-D arrays),
+    vectorised along the contiguous last axis; an empty range gives zeros."""
     B = src.shape[0]
     O = dst.shape[1]
     L = dst.shape[2]
     for bb in range(B):
         for i in range(O):
             d = dst[bb, i]
+            if lo[i] >= hi[i]:
+                for k in range(L):
+                    d[k] = 0.0
+                continue
             first = src[bb, lo[i]]
             for k in range(L):
                 d[k] = first[k]
-            for r in range(lo[i] + 1, hi[i]):
+            for r in range(lo[i] + step, hi[i], step):
                 s = src[bb, r]
                 if is_max:
                     for k in range(L):
@@ -77,9 +111,12 @@ def _reduce_cols(src, lo, hi, is_max, dst):
 
 
 @kernel
-def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max, out):
+def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d, st_h, st_w, cn_d, cn_h, cn_w,
+               is_max, out):
     """Max or average of every window box of ``x [N, C, D, H, W]`` into
-    ``out [N, C, OD, OH, OW]`` (see module docstring).
+    ``out [N, C, OD, OH, OW]`` (see module docstring).  Along each axis output ``i`` reads
+    the positions ``lo[i], lo[i] + st, ... < hi[i]`` (``st`` the dilation); the average
+    divides the box sum by the integer ``cn_d[od] * cn_h[oh] * cn_w[ow]``.
 
     Returns a status: the number of (n, c) planes whose input holds a NaN/inf or whose
     output is not finite (0 when all is well); the caller turns it into an error.  (The
@@ -101,22 +138,23 @@ def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, is_max, out):
             plane = x[n, c]
             o = out[n, c]
             # D, then H (both vectorised along contiguous rows), then W on the smallest array
-            if D == 1 and OD == 1:      # the only D window is [0, 1)
+            if D == 1 and OD == 1 and lo_d[0] < hi_d[0]:   # the only D window is [0, 1)
                 t1 = plane
             else:
                 t1 = buf1
-                _reduce_cols(plane.reshape((1, D, H * W)), lo_d, hi_d, is_max,
+                _reduce_cols(plane.reshape((1, D, H * W)), lo_d, hi_d, st_d, is_max,
                              t1.reshape((1, OD, H * W)))
-            _reduce_cols(t1, lo_h, hi_h, is_max, t2)
-            _reduce_rows(t2.reshape((OD * OH, W)), lo_w, hi_w, is_max, o.reshape((OD * OH, OW)))
+            _reduce_cols(t1, lo_h, hi_h, st_h, is_max, t2)
+            _reduce_rows(t2.reshape((OD * OH, W)), lo_w, hi_w, st_w, is_max,
+                         o.reshape((OD * OH, OW)))
             if not is_max:
                 for od in range(OD):
-                    cd = hi_d[od] - lo_d[od]
+                    cd = cn_d[od]
                     for oh in range(OH):
-                        cnt = cd * (hi_h[oh] - lo_h[oh])
+                        cnt = cd * cn_h[oh]
                         row = o[od, oh]
                         for ow in range(OW):
-                            row[ow] = row[ow] / (cnt * (hi_w[ow] - lo_w[ow]))
+                            row[ow] = row[ow] / (cnt * cn_w[ow])
             # x * 0 is NaN exactly for NaN/inf x: one pass over the cached plane, counting
             # in an integer (an integer sum vectorises; a float sum is one serial chain)
             nbad = 0
@@ -281,14 +319,50 @@ def _bounds3(bounds):
     return [a for pair in full for a in pair]
 
 
+_UNIT_LO = readonly(np.zeros(1, dtype=np.int64))
+_UNIT_HI = readonly(np.ones(1, dtype=np.int64))
+
+
+def boxes3(axes):
+    """Kernel arguments of :func:`pool_boxes` from per-axis ``(lo, hi, step, count)``
+    (int64 arrays; ``count`` the per-axis divisor factor), padded in front to 3 axes with
+    the unit box ``[0, 1)`` (step 1, count 1): ``lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d,
+    st_h, st_w, cn_d, cn_h, cn_w``.  Arrays are passed read-only (one compiled
+    specialisation)."""
+    full = [(_UNIT_LO, _UNIT_HI, 1, _UNIT_HI)] * (3 - len(axes)) + list(axes)
+    out = []
+    for f in full:
+        out.append(_ro64(f[0]))
+        out.append(_ro64(f[1]))
+    for f in full:
+        out.append(int(f[2]))
+    for f in full:
+        out.append(_ro64(f[3]))
+    return out
+
+
+def _ro64(a):
+    if not (isinstance(a, np.ndarray) and a.dtype == np.int64 and a.flags.c_contiguous):
+        a = np.ascontiguousarray(a, dtype=np.int64)
+    return readonly(a)
+
+
 def pool_nd(x, bounds, is_max, out):
     """Validated entry point: ``x [N, C, *S]`` (C-contiguous float64), ``bounds`` one
     ``(lo, hi)`` pair of int64 arrays per spatial axis (nonempty, clipped ranges), ``out``
     preallocated ``[N, C, *O]``.  Fills ``out``; returns the kernel status (the number of
     (n, c) planes with a non-finite input or output value; 0 when all is finite)."""
+    return pool_box_nd(x, [(lo, hi, 1, np.asarray(hi) - np.asarray(lo)) for lo, hi in bounds],
+                       is_max, out)
+
+
+def pool_box_nd(x, axes, is_max, out):
+    """Like :func:`pool_nd` with per-axis ``(lo, hi, step, count)``: output ``i`` of an axis
+    reads ``lo[i], lo[i] + step, ... < hi[i]`` (an empty range only for sums: 0) and the
+    average divides by the product of the axes' ``count`` entries."""
     if out.size:
         fn = pool_boxes_serial if x.size < SERIAL_WORK else pool_boxes
-        return int(fn(_as5(x), *_bounds3(bounds), bool(is_max), _out5(out)))
+        return int(fn(_as5(x), *boxes3(axes), bool(is_max), _out5(out)))
     return 0
 
 

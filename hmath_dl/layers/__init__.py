@@ -16,7 +16,10 @@ from .kv_cache import KVCache, append_cache, cache_values, empty_cache
 from .feed_forward import transformer_feed_forward
 from .convolution import ConvOptions, convolution, depthwise_convolution, transposed_convolution
 # pooling family (plain and _ad)
-from .pooling import PoolMode, adaptive_pooling, global_pooling, pooling
-# normalisation family _ad twins
+from .pooling import PoolMode, adaptive_pooling, global_pooling, max_pooling_with_indices, max_unpooling, pooling  # noqa: E501
+from ._ad_pool import adaptive_pooling_ad, global_pooling_ad, pooling_ad
+from ._ad_norm import group_norm_ad, instance_norm_ad, weight_norm_ad
 # attention/position/feed-forward _ad twins
+from ._ad_transformer import rotary_embedding_ad, transformer_feed_forward_ad
 # convolution/dropout _ad twins
+from .differentiable import depthwise_convolution_ad, spatial_dropout_ad
