@@ -61,16 +61,22 @@ Parameterised activations (``activate(..., negative_slope=, alpha=, beta=)``):
   outputs are finite, 1 when an input is NaN/inf, 2 when an input is finite but an output
   is not (e.g. ``p x`` overflowing for a huge slope, or ``log 2 / p`` for a tiny beta).
 
+Transcendentals: every ``exp``, ``expm1``, ``log1p``, ``tanh``, ``sigmoid`` and ``softplus``
+above is the library's own (:mod:`hmath_dl._kernels.libm`, each within 1 ulp, the same bits
+on every CPU; no libm call); the tanh derivative is ``sech^2 = 4e / (1 + e)^2`` with
+``e = exp(-2|x|)``.  GELU's erfc/exp are written out in ``_gelu_span``.
+
 Dropout: ``dropout_train(x_flat, u_flat, p, scale, out_flat)`` (element-wise mask) and
 ``apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat)`` (spatial).
 """
 
-import math
 
 import numpy as np
 from numba import prange
 
 from ._jit import helper, kernel
+from .libm import (exp_inline, expm1_inline, log1p_inline, sigmoid_inline, softplus_inline,
+                   tanh_inline)
 
 _CHUNK = 4096
 
@@ -112,12 +118,7 @@ def _chunk_finite(a, start, stop):
     return ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)) == 0.0
 
 
-@helper
-def _sigmoid(v):
-    if v >= 0.0:
-        return 1.0 / (1.0 + math.exp(-v))
-    e = math.exp(v)
-    return e / (1.0 + e)
+_sigmoid = sigmoid_inline    # the library's own (hmath_dl._kernels.libm): no libm call
 
 
 # --------------------------------------------------------------------------- GELU
@@ -299,15 +300,14 @@ def _forward_chunk(code, x, out, start, stop):
             out[i] = _sigmoid(x[i])
     elif code == TANH:
         for i in range(start, stop):
-            out[i] = math.tanh(x[i])
+            out[i] = tanh_inline(x[i])
     elif code == SOFTPLUS:
         for i in range(start, stop):
-            v = x[i]
-            out[i] = max(v, 0.0) + math.log1p(math.exp(-abs(v)))
+            out[i] = softplus_inline(x[i])
     elif code == ELU:
         for i in range(start, stop):
             v = x[i]
-            out[i] = v if v > 0.0 else math.expm1(v)
+            out[i] = v if v > 0.0 else expm1_inline(v)
     return ok
 
 
@@ -351,15 +351,18 @@ def _derivative_chunk(code, x, out, start, stop):
             out[i] = _sigmoid(v) * _sigmoid(-v)
     elif code == TANH:
         for i in range(start, stop):
-            ch = math.cosh(x[i])  # sech^2, accurate in the tails; 0 once cosh^2 overflows
-            out[i] = 1.0 / (ch * ch)
+            # sech^2 = 4e / (1 + e)^2 with e = exp(-2|x|) <= 1: no cancellation, no
+            # overflow; gradually 0 in the tails (e underflows beyond |x| ~ 372)
+            e = exp_inline(-2.0 * abs(x[i]))
+            t = 1.0 + e
+            out[i] = (4.0 * e) / (t * t)
     elif code == SOFTPLUS:
         for i in range(start, stop):
             out[i] = _sigmoid(x[i])
     elif code == ELU:
         for i in range(start, stop):
             v = x[i]
-            out[i] = 1.0 if v > 0.0 else math.exp(v)
+            out[i] = 1.0 if v > 0.0 else exp_inline(v)
     return ok
 
 
@@ -439,11 +442,16 @@ def _param_forward_chunk(code, p, x, out, start, stop):
     elif code == ELU:
         for i in range(start, stop):
             v = x[i]
-            out[i] = v if v > 0.0 else p * math.expm1(v)
+            out[i] = v if v > 0.0 else p * expm1_inline(v)
     elif code == SOFTPLUS:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = max(v, 0.0) + math.log1p(math.exp(-abs(p * v))) / p
+        if p == 1.0:
+            for i in range(start, stop):
+                out[i] = softplus_inline(x[i])      # the default's bits
+        else:
+            # max(v, 0) + log1p(exp(-|p v|)) / p: finite even when p v overflows
+            for i in range(start, stop):
+                v = x[i]
+                out[i] = max(v, 0.0) + log1p_inline(exp_inline(-abs(p * v))) / p
     else:
         _forward_chunk(code, x, out, start, stop)
     if not _chunk_finite(x, start, stop):
@@ -463,7 +471,7 @@ def _param_derivative_chunk(code, p, x, out, start, stop):
     elif code == ELU:
         for i in range(start, stop):
             v = x[i]
-            out[i] = 1.0 if v > 0.0 else p * math.exp(v)
+            out[i] = 1.0 if v > 0.0 else p * exp_inline(v)
     elif code == SOFTPLUS:
         for i in range(start, stop):
             out[i] = _sigmoid(p * x[i])
