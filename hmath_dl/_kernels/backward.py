@@ -112,60 +112,6 @@ def batch_norm_backward(x, g, N, C, S, eps, gamma, training, run_mean, run_var,
                     dx[base + s] = k * g[base + s]
 
 
-# --------------------------------------------------------------------------- pooling
-@kernel
-def pool_backward(x, g, is_max, kd, kh, kw, sd, sh, sw, pd, ph, pw, dx):
-    """Pooling backward on 5-D views ``x, dx [N, C, D, H, W]``, ``g [N, C, OD, OH, OW]``.
-
-    Parallel over ``(n, c)`` planes.  The window of output ``o`` is the box
-    ``[o*s - p, o*s - p + k)`` per axis, clipped to the input (padding never takes part).
-    MAX: each output's cotangent goes to the first position (in window order d, h, w)
-    holding the window maximum.  AVERAGE: each output's cotangent is divided by the number
-    of positions in the clipped box and added to each of them.  Outputs are visited in
-    row-major order, so every sum has a fixed order.
-    """
-    N, C, D, H, W = x.shape
-    OD, OH, OW = g.shape[2], g.shape[3], g.shape[4]
-    for t in prange(N * C):
-        n = t // C
-        c = t % C
-        xp = x[n, c]
-        dp = dx[n, c]
-        gp = g[n, c]
-        for a in range(D):
-            for b in range(H):
-                for e in range(W):
-                    dp[a, b, e] = 0.0
-        for od in range(OD):
-            d0 = max(od * sd - pd, 0)
-            d1 = min(od * sd - pd + kd, D)
-            for oh in range(OH):
-                h0 = max(oh * sh - ph, 0)
-                h1 = min(oh * sh - ph + kh, H)
-                for ow in range(OW):
-                    w0 = max(ow * sw - pw, 0)
-                    w1 = min(ow * sw - pw + kw, W)
-                    if d0 >= d1 or h0 >= h1 or w0 >= w1:
-                        continue
-                    gv = gp[od, oh, ow]
-                    if is_max:
-                        bd, bh, bw = d0, h0, w0
-                        best = xp[d0, h0, w0]
-                        for i in range(d0, d1):
-                            for j in range(h0, h1):
-                                for k in range(w0, w1):
-                                    if xp[i, j, k] > best:
-                                        best = xp[i, j, k]
-                                        bd, bh, bw = i, j, k
-                        dp[bd, bh, bw] += gv
-                    else:
-                        share = gv / ((d1 - d0) * (h1 - h0) * (w1 - w0))
-                        for i in range(d0, d1):
-                            for j in range(h0, h1):
-                                for k in range(w0, w1):
-                                    dp[i, j, k] += share
-
-
 # --------------------------------------------------------------------------- embedding
 @kernel
 def embedding_backward(indices, g, V, dw):
@@ -422,7 +368,6 @@ def channels_first(g, out):
 from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
 
 norm_rows_backward_serial = serial_twin(norm_rows_backward)
-pool_backward_serial = serial_twin(pool_backward)
 im2col_serial = serial_twin(im2col)
 col2im_serial = serial_twin(col2im)
 channels_first_serial = serial_twin(channels_first)
