@@ -15,7 +15,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import kernel
 
 
 # --------------------------------------------------------------------------- row norms
