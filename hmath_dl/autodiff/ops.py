@@ -17,7 +17,10 @@ import numbers
 import numpy as np
 
 from .. import _checks
+from .._kernels import libm
+from .._kernels import softmax as _sm
 from .._kernels.gemm_f64 import matmul_nd
+from .._kernels.reduce import sum_to
 from ..errors import DomainError, IndexOutOfRange, NumericOverflow, ShapeError
 from .core import ADTensor, as_adtensor, make_node, register_vjp, unbroadcast
 
@@ -187,6 +190,12 @@ def _unary(op, fname, x, fn, what):
     return make_node(op, _checked(fname, value, what), (x,))
 
 
+def _own(array_kernel):
+    """The library's own elementwise function (:mod:`hmath_dl._kernels.libm`, within 1 ulp,
+    the same bits on every CPU) as a numpy-like callable."""
+    return lambda v: _sm.apply(array_kernel, v)
+
+
 def exp(x):
     """Elementwise ``y = exp(x)``; ``d/dx = exp(x)``.
 
@@ -209,7 +218,7 @@ def exp(x):
     TypeError
         ``x`` is None, a string or not numeric.
     """
-    return _unary("exp", "exp", x, np.exp, "exp overflowed")
+    return _unary("exp", "exp", x, _own(libm.exp_array), "exp overflowed")
 
 
 def log(x):
@@ -235,7 +244,7 @@ def log(x):
     TypeError
         ``x`` is None, a string or not numeric.
     """
-    return _unary("log", "log", x, np.log, "log of a value <= 0")
+    return _unary("log", "log", x, _own(libm.log_array), "log of a value <= 0")
 
 
 def sqrt(x):
@@ -287,7 +296,7 @@ def tanh(x):
     TypeError
         ``x`` is None, a string or not numeric.
     """
-    return _unary("tanh", "tanh", x, np.tanh, "tanh")
+    return _unary("tanh", "tanh", x, _own(libm.tanh_array), "tanh")
 
 
 def _vjp_exp(g, node, needs):
@@ -606,10 +615,7 @@ def _vjp_transpose(g, node, needs):
 
 # =========================================================================== softmax family
 def _log_softmax_values(v, axis):
-    m = np.max(v, axis=axis, keepdims=True)
-    z = v - m
-    with np.errstate(all="ignore"):
-        return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+    return _sm.softmax(v, axis, True)
 
 
 def softmax(x, axis=-1):
@@ -651,9 +657,7 @@ def softmax(x, axis=-1):
     ax = _checks.axis(fname, "axis", axis, x.ndim)
     if x.size == 0:
         return make_node("softmax", np.zeros(x.shape), (x,), ax)
-    z = x.value - np.max(x.value, axis=ax, keepdims=True)
-    e = np.exp(z)
-    value = e / np.sum(e, axis=ax, keepdims=True)
+    value = _sm.softmax(x.value, ax, False)
     return make_node("softmax", _checked(fname, value, "softmax"), (x,), ax)
 
 
@@ -700,13 +704,11 @@ def log_softmax(x, axis=-1):
 
 
 def _vjp_softmax(g, node, needs):
-    y = node.value
-    return (y * (g - np.sum(g * y, axis=node.ctx, keepdims=True)),)
+    return (_sm.softmax_backward(node.value, g, node.ctx, False),)
 
 
 def _vjp_log_softmax(g, node, needs):
-    y = node.value
-    return (g - np.exp(y) * np.sum(g, axis=node.ctx, keepdims=True),)
+    return (_sm.softmax_backward(node.value, g, node.ctx, True),)
 
 
 # =========================================================================== losses
@@ -748,7 +750,7 @@ def cross_entropy(logits, labels):
         raise IndexOutOfRange(f"{fname}: labels[{i}] = {int(lab[i])} is outside [0, {c})")
     lsm = _log_softmax_values(logits.value, 1)
     picked = lsm[np.arange(b), lab]
-    value = np.asarray(-np.sum(picked) / b, dtype=np.float64)
+    value = np.asarray(-sum_to(picked, (False,)) / b, dtype=np.float64)   # b increasing
     return make_node("cross_entropy", _checked(fname, value, "cross entropy"), (logits,),
                      (lsm, lab))
 
@@ -756,7 +758,7 @@ def cross_entropy(logits, labels):
 def _vjp_cross_entropy(g, node, needs):
     lsm, lab = node.ctx
     b = lsm.shape[0]
-    d = np.exp(lsm)
+    d = _sm.apply(libm.exp_array, lsm)
     d[np.arange(b), lab] -= 1.0
     return (d * (g / b),)
 
@@ -800,7 +802,9 @@ def mse(prediction, target):
         raise ShapeError(f"{fname}: prediction is empty (shape {_shape(p.shape)})")
     with np.errstate(all="ignore"):
         d = p.value - t.value
-        value = np.asarray(np.sum(d * d) / d.size, dtype=np.float64)
+        # the eight-partial fixed order of _kernels.reduce over the flattened squares
+        value = np.asarray(sum_to((d * d).reshape(1, -1), (True, False))[0] / d.size,
+                           dtype=np.float64)
     return make_node("mse", _checked(fname, value, "the squared error overflowed"), (p, t), d)
 
 

@@ -1,0 +1,119 @@
+"""Softmax, log-softmax and their backward passes over the rows of a ``[R, C]`` array.
+
+Per row, in a fixed order (the same bits on every CPU and for any thread count; rows run in
+parallel): ``m = max_j x_j`` (exact, order-free), ``z_j = x_j - m``, ``e_j = exp(z_j)`` (the
+library's own exp, :mod:`hmath_dl._kernels.libm`, within 1 ulp), ``s`` = the sum of the
+``e_j`` as eight interleaved partial sums (``j = 8t + r`` into partial ``r``), combined
+``((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))``, then the tail in increasing ``j``.
+
+* ``softmax_rows(x, out, False)``: ``out_j = e_j / s``;
+  ``softmax_rows(x, out, True)``:  ``out_j = z_j - log(s)`` (own log).
+* ``softmax_backward_rows(y, g, out, False)``: ``out_j = y_j (g_j - t)``, ``t = sum_j g_j y_j``;
+  ``softmax_backward_rows(y, g, out, True)``: ``out_j = g_j - exp(y_j) t``, ``t = sum_j g_j``
+  (``y`` the forward output; the sums in the order above).
+"""
+
+import numpy as np
+from numba import prange
+
+from ._jit import helper, kernel
+from .libm import exp_inline, log_inline
+
+
+@helper
+def _sum8(a):
+    n = a.shape[0]
+    p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = 0.0
+    i = 0
+    while i + 8 <= n:
+        p0 += a[i]
+        p1 += a[i + 1]
+        p2 += a[i + 2]
+        p3 += a[i + 3]
+        p4 += a[i + 4]
+        p5 += a[i + 5]
+        p6 += a[i + 6]
+        p7 += a[i + 7]
+        i += 8
+    s = ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
+    while i < n:
+        s += a[i]
+        i += 1
+    return s
+
+
+@kernel
+def softmax_rows(x, out, log):
+    rows, c = x.shape
+    for r in prange(rows):
+        xr = x[r]
+        o = out[r]
+        m = xr[0]
+        for j in range(1, c):
+            m = max(m, xr[j])
+        for j in range(c):
+            o[j] = exp_inline(xr[j] - m)
+        s = _sum8(o)
+        if log:
+            ls = log_inline(s)
+            for j in range(c):
+                o[j] = (xr[j] - m) - ls
+        else:
+            for j in range(c):
+                o[j] = o[j] / s
+
+
+@kernel
+def softmax_backward_rows(y, g, out, log):
+    rows, c = y.shape
+    for r in prange(rows):
+        yr = y[r]
+        gr = g[r]
+        o = out[r]
+        if log:
+            t = _sum8(gr)
+            for j in range(c):
+                o[j] = gr[j] - exp_inline(yr[j]) * t
+        else:
+            for j in range(c):
+                o[j] = gr[j] * yr[j]
+            t = _sum8(o)
+            for j in range(c):
+                o[j] = yr[j] * (gr[j] - t)
+
+
+def _rows(a, axis):
+    """``a`` with ``axis`` last, as a C-contiguous ``[R, C]`` array, and the moved shape."""
+    moved = np.moveaxis(a, axis, -1)
+    shape = moved.shape
+    return np.ascontiguousarray(moved, dtype=np.float64).reshape(-1, shape[-1]), shape
+
+
+def _back(rows, shape, axis):
+    return np.ascontiguousarray(np.moveaxis(rows.reshape(shape), -1, axis))
+
+
+def softmax(x, axis, log):
+    """``softmax`` (``log`` False) or ``log_softmax`` of ``x`` along ``axis`` (non-empty)."""
+    xr, shape = _rows(x, axis)
+    out = np.empty(xr.shape)
+    softmax_rows(xr, out, log)
+    return _back(out, shape, axis)
+
+
+def softmax_backward(y, g, axis, log):
+    """The vector-Jacobian product of :func:`softmax` given its output ``y``."""
+    yr, shape = _rows(y, axis)
+    gr, _ = _rows(g, axis)
+    out = np.empty(yr.shape)
+    softmax_backward_rows(yr, gr, out, log)
+    return _back(out, shape, axis)
+
+
+def apply(array_kernel, x):
+    """``out = f(x)`` elementwise with one of libm's array kernels (a new array)."""
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    out = np.empty(x.shape)
+    if x.size:
+        array_kernel(x.reshape(-1), out.reshape(-1))
+    return out
