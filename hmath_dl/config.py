@@ -17,11 +17,15 @@ variable                       default      effect
                                             serial twin (0: always parallel)
 ``HMATH_DL_MAX_ALLOC_BYTES``   17179869184  largest output/workspace one call may allocate;
                                             larger requests raise ``ShapeError``
+``HMATH_DL_QUIET``             (empty)      non-empty and not ``0``: no first-run notice on
+                                            stderr when kernels take more than ~2 s to
+                                            compile (:mod:`hmath_dl.precompile` compiles
+                                            them ahead of time)
 =============================  ===========  =================================================
 
 Numba's own variables (``NUMBA_NUM_THREADS``, ``NUMBA_THREADING_LAYER``,
 ``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``, ``NUMBA_CACHE_DIR``) keep their meaning; the
-machine policy (:mod:`hmath_dl._kernels._cpu`) follows Numba's target.
+machine policy (``hmath_dl._kernels._cpu``) follows Numba's target.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import os
 
 __all__ = ["KERNELS", "INT8_KERNEL", "CACHE_ENABLED", "SERIAL_WORK",
-           "MAX_ALLOC_BYTES", "VARIABLES", "describe"]
+           "MAX_ALLOC_BYTES", "QUIET", "VARIABLES", "describe"]
 
 
 def _int(name: str, default: int) -> int:
@@ -46,6 +50,7 @@ INT8_KERNEL = os.environ.get("HMATH_DL_INT8_KERNEL", "").strip().lower()
 CACHE_ENABLED = os.environ.get("HMATH_DL_NO_CACHE", "") in ("", "0")
 SERIAL_WORK = _int("HMATH_DL_SERIAL_WORK", 1 << 17)
 MAX_ALLOC_BYTES = _int("HMATH_DL_MAX_ALLOC_BYTES", 1 << 34)
+QUIET = os.environ.get("HMATH_DL_QUIET", "") not in ("", "0")
 
 #: name -> value in force, for ``python -m hmath_dl.info --config`` and bug reports.
 VARIABLES = {
@@ -54,6 +59,7 @@ VARIABLES = {
     "HMATH_DL_NO_CACHE": not CACHE_ENABLED,
     "HMATH_DL_SERIAL_WORK": SERIAL_WORK,
     "HMATH_DL_MAX_ALLOC_BYTES": MAX_ALLOC_BYTES,
+    "HMATH_DL_QUIET": QUIET,
 }
 
 

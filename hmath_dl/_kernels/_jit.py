@@ -23,15 +23,19 @@ same bits.
 import hashlib
 import os
 import re
+import sys
+import threading
+import time
 import types
 
 from numba import njit
 
 from .. import _threads
 
-__all__ = ["kernel", "helper", "Kernel", "CACHE_ENABLED"]
+__all__ = ["kernel", "helper", "Kernel", "CACHE_ENABLED", "compile_watch"]
 
 from ..config import CACHE_ENABLED  # noqa: E402  (HMATH_DL_NO_CACHE)
+from ..config import QUIET  # noqa: E402  (HMATH_DL_QUIET)
 
 
 # --------------------------------------------------------------------------- cache key
@@ -114,6 +118,116 @@ def _install_cache_locators():
 
 
 _install_cache_locators()
+
+
+# --------------------------------------------------------------------------- first-run notice
+# A fresh install (or a fresh cache directory) compiles every kernel on its first call:
+# seconds each, a minute or more for a training script, during which nothing is printed.
+# Once the kernels of this package have spent NOTICE_AFTER seconds compiling (not loading
+# from the on-disk cache) in this process, one line goes to stderr, unless HMATH_DL_QUIET.
+# It rides on numba's event API: numba announces "numba:compile" only after a cache load
+# failed (Dispatcher.compile: overloads, then the cache, then the event), so cache hits are
+# never counted, and nothing is added to the call path of a compiled kernel.
+NOTICE_AFTER = 2.0
+NOTICE = ("hmath_dl: compiling kernels for this CPU (first use only; cached afterwards; "
+          "'python -m hmath_dl.precompile --all' does it ahead of time) ..."
+          if CACHE_ENABLED else
+          "hmath_dl: compiling kernels for this CPU (HMATH_DL_NO_CACHE is set: not cached) ...")
+_PACKAGE = __name__.split(".")[0] + "."
+
+
+def _ours(event):
+    disp = (event.data or {}).get("dispatcher") if isinstance(event.data, dict) else None
+    module = getattr(getattr(disp, "py_func", None), "__module__", "") or ""
+    return module.startswith(_PACKAGE), disp
+
+
+class _CompileWatch:
+    """Times the compilations of this package's kernels in this process.
+
+    :attr:`total` is the wall time of the outermost compilations (a kernel compiles the
+    helpers it calls inside its own compilation), :attr:`seconds` maps each dispatcher's
+    ``module.name`` to the time spent compiling it, excluding the helpers it compiled."""
+
+    def __init__(self, quiet):
+        self.quiet = quiet
+        self.total = 0.0
+        self.seconds = {}
+        self.notified = False
+        self._stack = []
+        self._timer = None
+        self._lock = threading.Lock()
+
+    def on_start(self, event):
+        ours, _ = _ours(event)
+        if not ours:
+            return
+        self._stack.append([time.perf_counter(), 0.0])
+        if len(self._stack) == 1 and not (self.quiet or self.notified):
+            remaining = NOTICE_AFTER - self.total
+            if remaining <= 0.0:
+                self.notify()
+            else:   # numba holds its compiler lock, not the GIL, while LLVM works
+                self._timer = threading.Timer(remaining, self.notify)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def on_end(self, event):
+        ours, disp = _ours(event)
+        if not ours or not self._stack:
+            return
+        start, nested = self._stack.pop()
+        took = time.perf_counter() - start
+        name = f"{disp.py_func.__module__}.{disp.py_func.__name__}"
+        self.seconds[name] = self.seconds.get(name, 0.0) + took - nested
+        if self._stack:
+            self._stack[-1][1] += took
+            return
+        self.total += took
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.total > NOTICE_AFTER and not (self.quiet or self.notified):
+            self.notify()
+
+    def notify(self):
+        """Print :data:`NOTICE` once per process (from numba's thread or a timer's)."""
+        with self._lock:
+            if self.notified:
+                return
+            self.notified = True
+        tqdm = sys.modules.get("tqdm")
+        try:
+            if tqdm is not None and hasattr(tqdm, "tqdm"):
+                tqdm.tqdm.write(NOTICE, file=sys.stderr)   # keeps open progress bars intact
+            else:
+                print(NOTICE, file=sys.stderr, flush=True)
+        except Exception:   # pragma: no cover - a closed stderr must not break a kernel
+            pass
+
+    def _after_fork(self):
+        self._stack = []
+        self._timer = None
+        self._lock = threading.Lock()
+
+
+def _install_compile_watch():
+    watch = _CompileWatch(QUIET)
+    try:
+        from numba.core import event
+        listener = type("HmathDLCompileListener", (event.Listener,), {
+            "on_start": lambda self, e: watch.on_start(e),
+            "on_end": lambda self, e: watch.on_end(e)})()
+        event.register("numba:compile", listener)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - no event API
+        pass
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=watch._after_fork)
+    return watch
+
+
+#: The process's compile timer (:class:`_CompileWatch`): ``compile_watch.total`` seconds.
+compile_watch = _install_compile_watch()
 
 
 def _jit(fn, parallel):

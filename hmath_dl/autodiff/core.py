@@ -221,7 +221,7 @@ def unbroadcast(g: np.ndarray, shape) -> np.ndarray:
     """Sum ``g`` (a gradient of a broadcast result) back to an operand of ``shape``.
 
     Leading axes that broadcasting added, and every axis where the operand had extent 1,
-    are summed away in one fixed-order reduction (:func:`hmath_dl._kernels.reduce.sum_to`;
+    are summed away in one fixed-order reduction (``hmath_dl._kernels.reduce.sum_to``;
     no numpy reduction, so the same bits on every CPU).
     """
     shape = tuple(shape)

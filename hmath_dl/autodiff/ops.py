@@ -191,7 +191,7 @@ def _unary(op, fname, x, fn, what):
 
 
 def _own(array_kernel):
-    """The library's own elementwise function (:mod:`hmath_dl._kernels.libm`, within 1 ulp,
+    """The library's own elementwise function (``hmath_dl._kernels.libm``, within 1 ulp,
     the same bits on every CPU) as a numpy-like callable."""
     return lambda v: _sm.apply(array_kernel, v)
 
@@ -418,7 +418,7 @@ def _keep_shape(shape, axes):
 
 def _fixed_sum(v, axes, keepdims):
     """``numpy.sum(v, axes, keepdims=keepdims)`` in the fixed order of
-    :func:`hmath_dl._kernels.reduce.sum_to` (no numpy reduction)."""
+    ``hmath_dl._kernels.reduce.sum_to`` (no numpy reduction)."""
     from .._kernels.reduce import sum_to
     out = sum_to(v, [i not in axes for i in range(v.ndim)])
     if keepdims:
@@ -429,7 +429,7 @@ def _fixed_sum(v, axes, keepdims):
 def sum(x, axis=None, keepdims=False):
     """``y = numpy.sum(x, axis, keepdims=keepdims)``; the gradient broadcasts ``g`` back.
 
-    The sum runs in a fixed order (:func:`hmath_dl._kernels.reduce.sum_to`: the same bits on
+    The sum runs in a fixed order (``hmath_dl._kernels.reduce.sum_to``: the same bits on
     every CPU), not numpy's pairwise order, so the last bit can differ from ``numpy.sum``.
 
     Parameters

@@ -218,16 +218,16 @@ def convolution(options, x, weights, bias=None):
     ----------
     options : ConvOptions
         stride ``s``, padding ``p``, dilation ``d`` (one per spatial axis) and ``groups``.
-    x : array_like, shape (N, Cin, *S) or, unbatched, (Cin, *S)
+    x : array_like, shape ``(N, Cin, *S)`` or, unbatched, ``(Cin, *S)``
         ``x.ndim == weights.ndim - 1`` means unbatched: the result is then the batched
         result's first item, ``(Cout, *O)``, bit for bit.  ``N == 0`` gives an empty result.
         Input with 1-3 spatial axes.
-    weights : array_like, shape (Cout, Cin/groups, *K)
+    weights : array_like, shape ``(Cout, Cin/groups, *K)``
     bias : array_like of length Cout, or None
 
     Returns
     -------
-    ndarray, shape (N, Cout, *O)
+    ndarray, shape ``(N, Cout, *O)``
         ``y[n, co, o] = bias[co] + sum_{ci' < Cin/groups} sum_k
         w[co, ci', k] * xpad[n, g*Cin/groups + ci', o*s + k*d]`` with ``g = co // (Cout/groups)``,
         ``xpad`` the input with ``p`` zeros on both sides of every spatial axis and
@@ -277,15 +277,15 @@ def transposed_convolution(output_padding, options, x, weights, bias=None):
         stride ``s``, padding ``p``, dilation ``d`` and ``groups``.  ``padding="valid"``
         means 0; ``"same"`` is not defined for a transposed convolution (``DomainError``,
         as in PyTorch).
-    x : array_like, shape (N, Cin, *S) or, unbatched, (Cin, *S)
+    x : array_like, shape ``(N, Cin, *S)`` or, unbatched, ``(Cin, *S)``
         ``x.ndim == weights.ndim - 1`` means unbatched: the result is then the batched
         result's first item, ``(Cout, *O)``, bit for bit.  ``N == 0`` gives an empty result.
-    weights : array_like, shape (Cin, Cout/groups, *K)
+    weights : array_like, shape ``(Cin, Cout/groups, *K)``
     bias : array_like of length Cout, or None
 
     Returns
     -------
-    ndarray, shape (N, Cout, *O)
+    ndarray, shape ``(N, Cout, *O)``
         ``O = (S-1)s - 2p + d(K-1) + output_padding + 1`` per axis (must be >= 1) and
         ``y[n, co, o] = bias[co] + sum_{ci in group(co)} sum_{k, i : i*s + k*d = o + p}
         w[ci, co', k] * x[n, ci, i]`` with ``co' = co mod (Cout/groups)``.  With no bias,
@@ -347,16 +347,16 @@ def depthwise_convolution(options, x, weights, bias=None):
     options : ConvOptions
         stride, padding, dilation; ``options.groups`` must be 1 (the default, meaning
         "not set") or Cin, anything else raises ``DomainError``.
-    x : array_like, shape (N, Cin, *S) or, unbatched, (Cin, *S)
+    x : array_like, shape ``(N, Cin, *S)`` or, unbatched, ``(Cin, *S)``
         ``x.ndim == weights.ndim - 1`` means unbatched: the result is then the batched
         result's first item, ``(Cout, *O)``, bit for bit.  ``N == 0`` gives an empty result.
-    weights : array_like, shape (Cin*m, 1, *K)
+    weights : array_like, shape ``(Cin*m, 1, *K)``
         ``m`` output channels per input channel (channel multiplier).
     bias : array_like of length Cin*m, or None
 
     Returns
     -------
-    ndarray, shape (N, Cin*m, *O)
+    ndarray, shape ``(N, Cin*m, *O)``
         ``y[n, co, o] = bias[co] + sum_k w[co, 0, k] * xpad[n, co // m, o*s + k*d]``,
         ``O = floor((S + 2p - d(K-1) - 1)/s) + 1`` per axis (must be >= 1).
 

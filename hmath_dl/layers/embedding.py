@@ -30,7 +30,7 @@ def embedding(weights, indices):
     -----
     Only the gathered rows are checked for NaN/inf (a value in a row that is not gathered
     cannot reach the output): the check is fused into the gather kernel
-    (:func:`hmath_dl._kernels.gather.gather_rows`), which copies bit patterns and tests
+    (``hmath_dl._kernels.gather.gather_rows``), which copies bit patterns and tests
     their exponent fields in the same pass, in parallel over output rows.  An empty
     ``indices`` gives an empty result of shape ``indices.shape + (F,)``.
 

@@ -12,7 +12,9 @@ __all__ = ["transformer_feed_forward"]
 
 def transformer_feed_forward(activation, w1, b1, w2, b2, x):
     """Position-wise feed-forward block
-    ``dense(activate(activation, dense(x, w1, b1)), w2, b2)``, i.e.::
+    ``dense(activate(activation, dense(x, w1, b1)), w2, b2)``, i.e.
+
+    ::
 
         h = act(x @ w1.T + b1)
         y = h @ w2.T + b2

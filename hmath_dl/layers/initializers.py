@@ -180,7 +180,7 @@ def initialize_weights(init, fan_in, fan_out, shape, rng):
         * Orthogonal(gain): ``R = shape[0]``, ``K = prod(shape[1:])`` (both >= 1 and
           ``len(shape) >= 2``, DomainError otherwise); ``A = g.standard_normal((R, K))``
           if ``R >= K`` else of shape ``(K, R)``; ``Q, Rm`` its thin QR by Householder
-          reflections in a fixed order (:mod:`hmath_dl._kernels.qr`, LAPACK's sign choice;
+          reflections in a fixed order (``hmath_dl._kernels.qr``, LAPACK's sign choice;
           no LAPACK, so the same bits on every CPU); ``Q *= sign(diag(Rm))`` (a zero
           diagonal counts as +1); transposed back when ``R < K``; times ``gain``.  Rows
           (R <= K) or columns (R >= K) are orthonormal.

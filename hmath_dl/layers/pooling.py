@@ -271,7 +271,7 @@ def pooling(mode, window, stride, padding, x, *, dilation=None, ceil_mode=False,
         is not required, only that no window is made of padding alone, see Raises).
         An int ``window`` means ``x`` is batched; a tuple of ``r`` entries with
         ``x.ndim == r + 1`` means ``x`` is unbatched ``[C, *S]`` (module docstring).
-    x : array_like, shape (N, C, *S) or (C, *S), 1-3 spatial axes
+    x : array_like, shape ``(N, C, *S)`` or ``(C, *S)``, 1-3 spatial axes
         ``N == 0`` gives an empty result.
     dilation : int or tuple of int, optional, keyword-only
         ``d >= 1`` per axis (default 1): window element ``j`` of an axis reads position
@@ -290,7 +290,7 @@ def pooling(mode, window, stride, padding, x, *, dilation=None, ceil_mode=False,
 
     Returns
     -------
-    ndarray, shape (N, C, *O) (or (C, *O) for an unbatched x)
+    ndarray, shape ``(N, C, *O)`` (or ``(C, *O)`` for an unbatched x)
         Per axis ``O = floor((S + 2p - d(k-1) - 1)/s) + 1`` (``ceil`` with ``ceil_mode``,
         then reduced by one if ``(O-1)*s >= S + p``); it must be >= 1.  Output ``o`` reads
         the real positions ``t_j = o*s - p + j*d`` (``0 <= j < k``, ``0 <= t_j < S``) on
@@ -336,7 +336,7 @@ def max_pooling_with_indices(window, stride, padding, x, *, dilation=None, ceil_
 
     Returns
     -------
-    values : ndarray, shape (N, C, *O) (or (C, *O))
+    values : ndarray, shape ``(N, C, *O)`` (or ``(C, *O)``)
         Bitwise ``pooling(PoolMode.MAX, window, stride, padding, x, dilation=...,
         ceil_mode=...)``.
     indices : int64 ndarray, same shape
@@ -373,7 +373,7 @@ def max_unpooling(values, indices, output_size):
 
     Parameters
     ----------
-    values : array_like, shape (N, C, *O) or (C, *O), 1-3 spatial axes
+    values : array_like, shape ``(N, C, *O)`` or ``(C, *O)``, 1-3 spatial axes
         Finite.
     indices : int array_like, the shape of ``values``
         Flat row-major indices within one ``(n, c)`` plane of the result (as
@@ -385,7 +385,7 @@ def max_unpooling(values, indices, output_size):
 
     Returns
     -------
-    ndarray, shape (N, C, *output_size) (or (C, *output_size))
+    ndarray, shape ``(N, C, *output_size)`` (or ``(C, *output_size)``)
         Zeros, except ``y[n, c].flat[indices[n, c, i]] = values[n, c, i]`` for every
         position ``i`` of the plane, applied in row-major order of ``values``: when two
         entries name the same element, the later one wins.
@@ -466,12 +466,12 @@ def adaptive_pooling(mode, output_size, x):
         ``out >= 1`` per spatial axis (an int is broadcast); ``out > S`` is allowed.  An
         int means ``x`` is batched; a tuple of ``r`` entries with ``x.ndim == r + 1``
         means ``x`` is unbatched ``[C, *S]`` (module docstring).
-    x : array_like, shape (N, C, *S) or (C, *S), 1-3 spatial axes
+    x : array_like, shape ``(N, C, *S)`` or ``(C, *S)``, 1-3 spatial axes
         ``N == 0`` gives an empty result.
 
     Returns
     -------
-    ndarray, shape (N, C, *output_size) (or (C, *output_size))
+    ndarray, shape ``(N, C, *output_size)`` (or ``(C, *output_size)``)
         Bin ``i`` of an axis of length ``S`` covers ``[floor(i*S/out), ceil((i+1)*S/out))``
         (bins overlap when ``S`` is not a multiple of ``out``, as in PyTorch); MAX gives the
         maximum of the box of bins, AVERAGE its sum (separably, first spatial axis first)
@@ -508,7 +508,7 @@ def global_pooling(mode, x):
     Parameters
     ----------
     mode : PoolMode
-    x : array_like, shape (N, C, *S), 1-3 spatial axes (always batched)
+    x : array_like, shape ``(N, C, *S)``, 1-3 spatial axes (always batched)
         ``N == 0`` gives an empty result.
 
     Returns

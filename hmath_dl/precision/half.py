@@ -108,7 +108,7 @@ def round_to_bits(precision, x) -> np.ndarray:
     NonFiniteError
         ``x`` holds NaN or +-inf.
     NumericOverflow
-        A finite entry rounds to +-inf (|x| >= the midpoint between the largest finite value
+        A finite entry rounds to +-inf (``|x| >=`` the midpoint between the largest finite value
         and the next power of two); the message names the first such index.
     TypeError
         ``precision`` is not a Precision, or ``x`` is not numeric.
