@@ -222,6 +222,20 @@ def adamw_init(params) -> AdamWState:
     return AdamWState(_zeros_like(fname, ps), _zeros_like(fname, ps), 0)
 
 
+def _power(b, t):
+    """``b ** t`` for an int ``t >= 1`` by square-and-multiply over the bits of ``t`` from the
+    lowest (a fixed sequence of correctly rounded products, at most ``2 log2(t)``
+    roundings; no libm ``pow``, so the same bits on every CPU)."""
+    result, square = 1.0, b
+    while True:
+        if t & 1:
+            result *= square
+        t >>= 1
+        if not t:
+            return result
+        square *= square
+
+
 def adamw_step(state, params, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
     """One AdamW step (Loshchilov & Hutter, decoupled weight decay; PyTorch's order).
 
@@ -268,8 +282,8 @@ def adamw_step(state, params, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weigh
     eps = _checks.real(fname, "eps", eps, positive=True)
     weight_decay = _checks.real(fname, "weight_decay", weight_decay, nonnegative=True)
     t = state.steps + 1
-    bc1 = 1.0 - beta1 ** t
-    bc2 = 1.0 - beta2 ** t
+    bc1 = 1.0 - _power(beta1, t)
+    bc2 = 1.0 - _power(beta2, t)
     if not (bc1 > 0.0 and bc2 > 0.0):
         raise NumericOverflow(f"{fname}: bias correction underflowed to 0 "
                               f"(beta1 {beta1!r}, beta2 {beta2!r}, step {t})")

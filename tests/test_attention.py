@@ -258,7 +258,8 @@ def test_sdpa_inputs_not_mutated_and_view_inputs():
     ((np.ones((2, 3)), np.ones((2, 3)), np.ones((3, 1))), ShapeError),            # M differs
     ((np.ones((2, 0)), np.ones((2, 0)), np.ones((2, 1))), ShapeError),            # D == 0
     ((np.ones((2, 3)), np.ones((2, 3)), np.ones((2, 1)), np.ones((2, 3), bool)), ShapeError),
-    ((np.ones((2, 2, 3)), np.ones((2, 2, 3)), np.ones((2, 2, 1)), np.ones((1, 2, 2), bool)), ShapeError),
+    # a [1, N, M] mask broadcasts (API.md section 8); a leading 3 against 2 does not
+    ((np.ones((2, 2, 3)), np.ones((2, 2, 3)), np.ones((2, 2, 1)), np.ones((3, 2, 2), bool)), ShapeError),
     ((np.ones((2, 3)), np.ones((2, 3)), np.ones((2, 1)), None, np.ones((2, 1))), ShapeError),
     ((np.ones((2, 3)), np.ones((2, 3)), np.ones((2, 1)), np.ones((2, 2))), TypeError),  # float mask
     ((np.ones((2, 3)), np.ones((2, 3)), np.ones((2, 1)), [[0, 2], [1, 1]]), DomainError),

@@ -38,16 +38,17 @@ Entry points
 
 ``rotary_forward(x, base, offset, out) -> status``
     ``x [R, S, F]`` (F even) -> ``out``; row ``s`` is position ``offset + s``; pair
-    ``(2i, 2i+1)`` rotates by ``(offset + s) * base ** (-(2i) / F)``.  Returns the index of the
-    first non-finite output element (flat), or -1.
+    ``(2i, 2i+1)`` rotates by ``(offset + s) * base ** (-(2i) / F)`` (the power as
+    ``exp(-((2i)/F) log(base))``, sin/cos and exp/log the library's own, ``libm.py``: the
+    same bits on every CPU).  Returns the index of the first non-finite output element
+    (flat), or -1.
 """
-
-import math
 
 import numpy as np
 from numba import prange
 
 from ._jit import helper, kernel
+from .libm import cos_inline, exp_inline, log_inline, sin_inline
 
 # Query rows handled together: their scores are computed in one sweep over the keys so that
 # every key column is loaded once per block instead of once per row.
@@ -123,7 +124,7 @@ def _exp_shifted(x, shift, bits):
             if t < -746.0:
                 x[j] = 0.0
             elif t < -708.0:
-                x[j] = math.exp(t)
+                x[j] = exp_inline(t)     # the library's own (libm.py): subnormal results
             else:
                 x[j] = t * scale[j]
     return under
@@ -444,6 +445,15 @@ def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale):
     return np.int64(0), np.int64(-1)
 
 
+@helper
+def _frequency(base, i, f):
+    """``base ** (-2i/F)`` as ``exp(-((2i)/F) * log(base))`` with the library's own exp and
+    log (:mod:`hmath_dl._kernels.libm`; no libm ``pow``): within about 10 ulps of the exact
+    power for ``base <= 1e4`` (the rounding of the exponent, at most ``ulp(log(base))``
+    absolute, is what exp amplifies)."""
+    return exp_inline(-(np.float64(2 * i) / np.float64(f)) * log_inline(base))
+
+
 @kernel
 def _rotary_forward(x, base, offset, out):
     """See the module docstring."""
@@ -454,9 +464,9 @@ def _rotary_forward(x, base, offset, out):
     for s in prange(n_s):
         pos = np.float64(offset + s)
         for i in range(half):
-            angle = pos * base ** (-np.float64(2 * i) / np.float64(f))
-            cos_t[s, i] = math.cos(angle)
-            sin_t[s, i] = math.sin(angle)
+            angle = pos * _frequency(base, i, f)
+            cos_t[s, i] = cos_inline(angle)
+            sin_t[s, i] = sin_inline(angle)
     bad = np.zeros(nr * n_s, dtype=np.bool_)
     for t in prange(nr * n_s):
         r = t // n_s

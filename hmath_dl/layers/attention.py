@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks
+from .._kernels import libm
 from .._kernels.attention import attention_forward, rotary_forward
+from .._kernels.softmax import apply as libm_apply
 from ..errors import DomainError, NumericOverflow, ShapeError
 
 __all__ = ["scaled_dot_product_attention", "multihead_attention", "causal_mask",
@@ -441,10 +443,12 @@ def sinusoidal_encoding(positions, features, offset):
         return out
     pos = (np.arange(n, dtype=np.int64) + off).astype(np.float64)
     two_i = (np.arange(f, dtype=np.int64) // 2 * 2).astype(np.float64)
-    denom = np.power(10000.0, two_i / float(f))
+    # 10000 ** (2i/F) as exp((2i/F) log 10000), sin and cos: the library's own (libm.py;
+    # no libm/numpy transcendental, so the same bits on every CPU)
+    denom = libm_apply(libm.exp_array, (two_i / float(f)) * libm.log(10000.0))
     angle = pos[:, None] / denom[None, :]
-    np.sin(angle[:, 0::2], out=out[:, 0::2])
-    np.cos(angle[:, 1::2], out=out[:, 1::2])
+    out[:, 0::2] = libm_apply(libm.sin_array, angle[:, 0::2])
+    out[:, 1::2] = libm_apply(libm.cos_array, angle[:, 1::2])
     return out
 
 

@@ -13,7 +13,9 @@ from typing import Union
 import numpy as np
 
 from .. import _checks
+from .._kernels import libm
 from .._kernels.qr import orthonormal_factor
+from .._kernels.softmax import apply as libm_apply
 from ..errors import DomainError, NumericOverflow
 from ..rng import RNG
 
@@ -144,7 +146,7 @@ def _truncated_standard(gen, count, c):
         if c <= 2.0:
             z = gen.uniform(-c, c, k)
             u = gen.random(k)
-            ok = u <= np.exp(-0.5 * z * z)
+            ok = u <= libm_apply(libm.exp_array, -0.5 * z * z)   # the library's own exp
         else:
             z = gen.standard_normal(k)
             ok = np.abs(z) <= c
