@@ -198,6 +198,17 @@ def layers_kv_cache_feed_forward():
     return [keys, values, ff]
 
 
+@case
+def pytorch_issue_orthogonal_dense():
+    """pytorch/pytorch 155423/155552: an orthogonally initialised Linear(100, 100) ->
+    Linear(100, 1) gives different bits with and without AVX-512 in torch; here the same
+    bits on every target."""
+    w1, rng = L.initialize_weights(L.Orthogonal(1.0), 100, 100, (100, 100), RNG(12))
+    w2, rng = L.initialize_weights(L.Orthogonal(1.0), 100, 1, (1, 100), rng)
+    x = normal((64, 100), 90)
+    return [w1, w2, L.dense(L.dense(x, w1, np.zeros(100)), w2, np.zeros(1))]
+
+
 # =========================================================================== _ad twins
 @case
 def ad_layers_gradients():
