@@ -31,6 +31,12 @@ class ShapeOrDomainError(ShapeError, DomainError):
 _PADDING_STRINGS = ("valid", "same")
 
 
+class PaddingStringError(DomainError, TypeError):
+    """A ``padding`` string other than ``"valid"``/``"same"``: outside the option's domain,
+    and (for code written before strings were allowed) a wrong type; catchable as
+    either :class:`~hmath_dl.errors.DomainError` or :class:`TypeError`."""
+
+
 def _option_field(name, value, lo):
     """Normalise one ConvOptions field: an int (kept as int, broadcast at call time) or a
     sequence of ints (kept as a tuple), each >= lo; ``padding`` may also be ``"valid"`` or
@@ -38,8 +44,8 @@ def _option_field(name, value, lo):
     fname = "ConvOptions"
     if name == "padding" and isinstance(value, str):
         if value not in _PADDING_STRINGS:
-            raise DomainError(f"{fname}: padding must be an int, a tuple of ints, 'valid' or "
-                              f"'same' (got {value!r})")
+            raise PaddingStringError(f"{fname}: padding must be an int, a tuple of ints, "
+                                     f"'valid' or 'same' (got {value!r})")
         return value
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return _checks.integer(fname, name, value, min=lo)
