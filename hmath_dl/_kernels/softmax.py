@@ -16,30 +16,9 @@ library's own exp, :mod:`hmath_dl._kernels.libm`, within 1 ulp), ``s`` = the sum
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import kernel
 from .libm import exp_inline, log_inline
-
-
-@helper
-def _sum8(a):
-    n = a.shape[0]
-    p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = 0.0
-    i = 0
-    while i + 8 <= n:
-        p0 += a[i]
-        p1 += a[i + 1]
-        p2 += a[i + 2]
-        p3 += a[i + 3]
-        p4 += a[i + 4]
-        p5 += a[i + 5]
-        p6 += a[i + 6]
-        p7 += a[i + 7]
-        i += 8
-    s = ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
-    while i < n:
-        s += a[i]
-        i += 1
-    return s
+from .reduce import _row_sum as _sum8   # the eight-partial fixed order
 
 
 @kernel
