@@ -111,3 +111,22 @@ def test_bias_and_broadcast_gradients_use_the_fixed_order():
     c = ad.variable(rng.standard_normal((1, 3)))
     (gc,) = ad.gradients(ad.constant(rng.standard_normal((37, 3))) + c, [c], cot)
     assert np.array_equal(gc, sum_to_oracle(cot, (False, True)).reshape(1, 3))
+
+
+def test_adtensor_power_is_the_documented_square_and_multiply():
+    """numpy's ``power`` depends on numpy's build (1.26's AVX-512 loop does not return x
+    for x ** 1); ``ADTensor ** p`` does not."""
+    from hmath_dl import autodiff as ad
+    x = np.random.default_rng(5).standard_normal(1000) * 3
+    v = ad.variable(x)
+    assert np.array_equal((v ** 1).value, x)
+    assert np.array_equal((v ** 2).value, x * x)
+    assert np.array_equal((v ** 3).value, x * (x * x))
+    assert np.array_equal((v ** 5).value, x * ((x * x) * (x * x)))
+    assert np.array_equal((v ** -2).value, 1.0 / (x * x))
+    assert np.array_equal((v ** 0).value, np.ones(1000))
+    a = np.abs(x) + 0.5
+    assert np.array_equal((ad.variable(a) ** 0.5).value, np.sqrt(a))
+    np.testing.assert_allclose((ad.variable(a) ** 1.7).value, a ** 1.7, rtol=4e-15)
+    (g,) = ad.gradients(ad.sum(v ** 3), [v])
+    assert np.array_equal(g, 3.0 * (x * x))

@@ -11,7 +11,6 @@ forward output, ``node.parents`` the inputs, ``node.ctx`` what the forward pass 
 
 from __future__ import annotations
 
-import builtins
 import numbers
 
 import numpy as np
@@ -79,14 +78,48 @@ def _neg(a):
     return make_node("negative", -a.value, (a,))
 
 
+_INT_POWER_LIMIT = 2.0 ** 31
+
+
+def _power(x, p):
+    """``x ** p`` elementwise in an order that is the same on every CPU (numpy's ``power``
+    is not: numpy 1.26's AVX-512 loop does not even return ``x`` for ``p = 1``).
+
+    * integral ``p`` with ``|p| < 2**31``: square-and-multiply over the bits of ``|p|`` from
+      the lowest (``x ** 1 = x``, ``x ** 2 = x * x``, ``x ** 3 = x * (x * x)``; correctly
+      rounded products in a fixed sequence), then ``1 / r`` for a negative ``p``;
+      ``x ** 0 = 1``;
+    * ``p = 0.5``: ``sqrt(x)`` (correctly rounded);
+    * any other ``p``: ``exp(p * log(x))`` with the library's own exp and log
+      (:mod:`hmath_dl._kernels.libm`); a negative ``x`` gives NaN (reported by the caller).
+    """
+    with np.errstate(all="ignore"):
+        if p == int(p) and abs(p) < _INT_POWER_LIMIT:
+            n = int(abs(p))
+            result = np.ones(x.shape)
+            square = np.array(x, dtype=np.float64, copy=True)
+            first = True
+            while n:
+                if n & 1:
+                    result = square.copy() if first else result * square
+                    first = False
+                n >>= 1
+                if n:
+                    square = square * square
+            return 1.0 / result if p < 0 else result
+        if p == 0.5:
+            return np.sqrt(x)
+        logs = _sm.apply(libm.log_array, x)
+        return _sm.apply(libm.exp_array, p * logs)
+
+
 def _pow(a, p):
     fname = "ADTensor.__pow__"
     if isinstance(p, ADTensor) or isinstance(p, (bool, np.bool_)) or \
             not isinstance(p, (numbers.Real, np.integer, np.floating)):
         raise TypeError(f"{fname}: the exponent must be a real scalar (got {type(p).__name__})")
     p = _checks.real(fname, "exponent", p)
-    with np.errstate(all="ignore"):
-        value = np.power(a.value, p)
+    value = _power(a.value, p)
     return make_node("power", _checked(fname, np.asarray(value, dtype=np.float64),
                                        "x ** p overflowed or is undefined (0 ** negative, "
                                        "negative ** fraction)"), (a,), p)
@@ -151,7 +184,7 @@ def _vjp_power(g, node, needs):
     if p == 0.0:
         return (np.zeros(a.shape),)
     with np.errstate(all="ignore"):
-        return (g * p * np.power(a.value, p - 1.0),)
+        return (g * p * _power(a.value, p - 1.0),)
 
 
 def _vjp_matmul(g, node, needs):
