@@ -25,7 +25,7 @@ from .. import _checks
 from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
 from ..autodiff.core import make_node, register_vjp
-from ._ad_common import _ad, _c, _named, _opt_ad, _parents, _ro, _ro5, _tuple, _w5
+from ._ad_common import _ad, _c, _named, _opt_ad, _parents, _ro, _ro5, _w5
 from ._ad_attention import multihead_attention_ad, scaled_dot_product_attention_ad
 from ._ad_norm import batch_norm_ad, layer_norm_ad, rms_norm_ad
 from ._ad_pool import pooling_ad
@@ -214,7 +214,6 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     """
     from .._kernels.backward import channels_first, col2im, im2col, sized
     from .._kernels.conv import _pad3
-    r = x.ndim - 2
     xs = x.shape
     N, C = xs[0], xs[1]
     Cout = w_shape[0]
@@ -409,11 +408,7 @@ def dropout_ad(mode, p, rng, x):
         ``dropout_ad:``.
     """
     from .dropout import dropout
-    fname = "dropout_ad"
-    x = _ad(fname, "x", x)
-    with _named(fname):
-        value, mask, new_rng = dropout(mode, p, rng, x.value)
-    return make_node("dropout", value, (x,), mask), mask, new_rng
+    return _masked("dropout_ad", dropout, mode, p, rng, x)
 
 
 def spatial_dropout_ad(mode, p, rng, x):
@@ -442,10 +437,15 @@ def spatial_dropout_ad(mode, p, rng, x):
         ``spatial_dropout_ad:``.
     """
     from .dropout import spatial_dropout
-    fname = "spatial_dropout_ad"
+    return _masked("spatial_dropout_ad", spatial_dropout, mode, p, rng, x)
+
+
+def _masked(fname, plain, mode, p, rng, x):
+    """``(y, mask, rng)`` of a dropout-like plain layer on the tape: ``y = x * mask``,
+    gradient ``g * mask`` (the mask and RNG are the plain layer's)."""
     x = _ad(fname, "x", x)
     with _named(fname):
-        value, mask, new_rng = spatial_dropout(mode, p, rng, x.value)
+        value, mask, new_rng = plain(mode, p, rng, x.value)
     return make_node("dropout", value, (x,), mask), mask, new_rng
 
 
