@@ -473,3 +473,80 @@ def test_determinism_across_thread_counts():
             out.append(str(e).encode())
         sys.stdout.buffer.write(b"|".join(out))
     """)
+
+
+# ---------------------------------------------------------------------- reduced GEMM paths
+from hmath_dl.precision import half as _half_mod   # noqa: E402
+
+_RPATHS = _half_mod.gemm_paths()
+
+
+def _reduced(path, p, a, b):
+    with _half_mod.forced_gemm_path(path):
+        return reduced_gemm(p, a, b)
+
+
+@pytest.mark.parametrize("path", _RPATHS)
+@pytest.mark.parametrize("p", [FP16, BF16])
+def test_reduced_gemm_paths_bit_equal(path, p, monkeypatch):
+    # M, N, K not multiples of any tile, K chunk or task; narrow and wide tiles; both the
+    # fused (exact products) and the separate multiply/add kernels; serial and parallel
+    rng = np.random.default_rng(31)
+    shapes = ((1, 1, 1), (7, 300, 70), (6, 129, 16), (13, 257, 17), (66, 1, 130),
+              (1, 1000, 1), (130, 64, 300), (97, 515, 33), (200, 260, 129))
+    for m, k, n in shapes:
+        for scale in (0.0, 12.0, 60.0):   # 60: products below 2**-126, separate kernel
+            a = rng.standard_normal((m, k)) * np.exp2(rng.uniform(-scale, scale, (m, k)))
+            b = rng.standard_normal((k, n)) * np.exp2(rng.uniform(-scale, scale, (k, n)))
+            if p is FP16:
+                a, b = np.clip(a, -6e4, 6e4), np.clip(b, -6e4, 6e4)
+            try:
+                want = _reduced("portable", p, a, b)
+            except NumericOverflow:
+                with pytest.raises(NumericOverflow):
+                    _reduced(path, p, a, b)
+                continue
+            assert same_bits(_reduced(path, p, a, b), want), (m, k, n, scale)
+    a = rng.standard_normal((130, 520))
+    b = rng.standard_normal((520, 300))
+    want = _reduced("portable", p, a, b)
+    monkeypatch.setattr(_half_mod, "_SERIAL_GEMM_WORK", 1 << 40)     # serial kernels
+    assert same_bits(_reduced(path, p, a, b), want)
+
+
+@pytest.mark.parametrize("path", _RPATHS)
+def test_reduced_gemm_paths_same_errors(path):
+    rng = np.random.default_rng(32)
+    a = rng.standard_normal((9, 40))
+    b = rng.standard_normal((40, 11))
+    for bad_a, bad_b, err in (((3, 5, np.nan), None, NonFiniteError),
+                              (None, (7, 2, np.inf), NonFiniteError),
+                              ((8, 39, 1e6), None, NumericOverflow),     # FP16 overflow
+                              (None, (0, 10, -7e4), NumericOverflow)):
+        x, y = a.copy(), b.copy()
+        if bad_a:
+            x[bad_a[:2]] = bad_a[2]
+        if bad_b:
+            y[bad_b[:2]] = bad_b[2]
+        msgs = []
+        for p_ in ("portable", path):
+            with pytest.raises(err) as info:
+                _reduced(p_, FP16, x, y)
+            msgs.append(str(info.value))
+        assert msgs[0] == msgs[1]
+    # an output overflow (products and accumulator in float32) names the same output
+    x = np.full((4, 3), 2.0 ** 100)
+    y = np.full((3, 5), 2.0 ** 27)
+    msgs = []
+    for p_ in ("portable", path):
+        with pytest.raises(NumericOverflow) as info:
+            _reduced(p_, BF16, x, y)
+        msgs.append(str(info.value))
+    assert msgs[0] == msgs[1] and "[0, 0]" in msgs[0]
+
+
+def test_reduced_gemm_forced_path_errors():
+    with pytest.raises(ValueError):
+        with _half_mod.forced_gemm_path("nope"):
+            pass
+    assert _half_mod.gemm_path() == _RPATHS[0]

@@ -415,54 +415,110 @@ def _make_micro_cv(VC):
 
 
 
-def _make_micro_acc(CB, V):
-    """The continuing micro-kernel of the float GEMM: a CB x ``VW*V`` tile of ``c``
-    (rows ``cbase + j*cstride``, j < CB) is loaded into CB*V vector accumulators, the
-    chain runs over ``nk`` terms --
+def _prefetch(builder, p):
+    """A write-intent prefetch of the cache line at the float64 pointer ``p`` into every
+    cache level (``llvm.prefetch``: a hint only; it never faults, changes no value, and
+    becomes a no-op on a target without prefetch instructions)."""
+    i8p = llvm_ir.IntType(8).as_pointer()
+    i32 = llvm_ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, llvm_ir.FunctionType(llvm_ir.VoidType(), [i8p, i32, i32, i32]),
+        "llvm.prefetch." + i8p.intrinsic_name)     # .p0i8 (typed pointers) or .p0
+    builder.call(fn, [builder.bitcast(p, i8p), llvm_ir.Constant(i32, 1),
+                      llvm_ir.Constant(i32, 3), llvm_ir.Constant(i32, 1)])
+
+
+def _make_micro_acc(CB, V, f32=False, fused=True):
+    """The continuing micro-kernel of the float GEMMs: a CB x ``L*V`` tile of ``c``
+    (rows ``cbase + j*cstride``, j < CB; ``L`` lanes per vector: ``VW`` float64, or
+    ``2*VW`` float32 when ``f32``) is loaded into CB*V vector accumulators (or, when
+    ``first`` is true, the accumulators start at +0.0 and ``c`` is not read), the chain
+    runs over ``nk`` terms --
 
     ``c[j, i] = fma(a[kk, j], b[bbase + kk*bstride + i], c[j, i])`` for kk = 0 .. nk-1 in
-    order, with ``a[kk, j] = apk[abase + kk*CB + j]`` --
+    order, with ``a[kk, j] = apk[abase + kk*CB + j]`` (``fused=False``: the separately
+    rounded ``c[j, i] + a[kk, j] * b[...]``, an ``fmul`` then an ``fadd``, which LLVM may
+    not contract without fast-math flags) --
 
     and the tile is stored back.  Starting from ``c = 0`` and continuing chunk after chunk
-    is exactly one chain over all the terms (a float64 in memory is the register value),
-    so K-blocking changes no bit.  Signature ``(bf, bbase, bstride, apk, abase, nk, cf,
-    cbase, cstride)``; the caller guarantees every address is inside its array."""
+    is exactly one chain over all the terms (a float in memory is the register value),
+    so K-blocking changes no bit.  While the chain runs, the lines of the tile at
+    ``cf[pfbase + j*cstride ...]`` (the caller's next tile) are prefetched, so its loads do
+    not stall the next call (a hint: the address need not be inside the array).
+    Signature ``(bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first, pfbase)``
+    with float64 (or float32) arrays; the caller guarantees every other address is inside
+    its array."""
+    nbt = types.float32 if f32 else types.float64
+    lanes = 2 * _VW if f32 else _VW
+    ety = llvm_ir.FloatType() if f32 else llvm_ir.DoubleType()
+    vty = llvm_ir.VectorType(ety, lanes)
+    per_line = 16 if f32 else 8             # elements per 64-byte cache line
+    al = 4 if f32 else 8
+
+    def vptr(builder, p, k):
+        return builder.bitcast(builder.gep(p, [llvm_ir.Constant(_I64, k)]), vty.as_pointer())
 
     @intrinsic
-    def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride):
-        if not _accepts(f64=(bf, apk, cf), ints=(bbase, bstride, abase, nk, cbase, cstride)):
+    def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
+              pfbase):
+        if not (all(_is_c1(x, nbt) for x in (bf, apk, cf))
+                and _accepts(ints=(bbase, bstride, abase, nk, cbase, cstride, pfbase),
+                             bools=(first,))):
             return None
         i64t = types.int64
-        sig = types.void(bf, i64t, i64t, apk, i64t, i64t, cf, i64t, i64t)
+        sig = types.void(bf, i64t, i64t, apk, i64t, i64t, cf, i64t, i64t, types.boolean,
+                         i64t)
 
         def codegen(context, builder, signature, args):
             t = signature.args
-            ba, bb, bs, aa, ab, nkv, ca, cb, cs = args
+            ba, bb, bs, aa, ab, nkv, ca, cb, cs, fst, pfb = args
             bd = _data(context, builder, t[0], ba)
             ad = _data(context, builder, t[3], aa)
             cd = _data(context, builder, t[6], ca)
-            fma = _vfma_fn(builder)
+            fma = cgutils.get_or_insert_function(
+                builder.module, llvm_ir.FunctionType(vty, [vty, vty, vty]),
+                "llvm.fma.v%d%s" % (lanes, "f32" if f32 else "f64"))
+            undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+            lane0 = llvm_ir.Constant(llvm_ir.IntType(32), 0)
+            zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), lanes), [0] * lanes)
             rows = [builder.gep(cd, [builder.add(cb, builder.mul(llvm_ir.Constant(_I64, j), cs))])
                     for j in range(CB)]
-            slots = [[cgutils.alloca_once_value(
-                builder, builder.load(_vptr(builder, rows[j], v * _VW), align=8))
-                for v in range(V)] for j in range(CB)]
+            zero = llvm_ir.Constant(vty, [0.0] * lanes)
+            slots = [[cgutils.alloca_once_value(builder, zero) for v in range(V)]
+                     for j in range(CB)]
+            with builder.if_then(builder.not_(context.cast(builder, fst, t[9], types.boolean))):
+                for j in range(CB):
+                    for v in range(V):
+                        builder.store(builder.load(vptr(builder, rows[j], v * lanes), align=al),
+                                      slots[j][v])
+            # the next tile's lines: CB rows x (V vectors); one prefetch per 64-byte line
+            pf0 = builder.gep(cd, [pfb])
+            for j in range(CB):
+                prow = builder.gep(pf0, [builder.mul(llvm_ir.Constant(_I64, j), cs)])
+                for line in range(0, V * lanes, per_line):
+                    _prefetch(builder, builder.gep(prow, [llvm_ir.Constant(_I64, line)]))
             pb0 = builder.gep(bd, [bb])
             pa0 = builder.gep(ad, [ab])
             with cgutils.for_range(builder, nkv) as loop:
                 kk = loop.index
                 pb = builder.gep(pb0, [builder.mul(kk, bs)])
-                xs = [builder.load(_vptr(builder, pb, v * _VW), align=8) for v in range(V)]
+                xs = [builder.load(vptr(builder, pb, v * lanes), align=al) for v in range(V)]
                 pa = builder.gep(pa0, [builder.mul(kk, llvm_ir.Constant(_I64, CB))])
                 for j in range(CB):
-                    sp = _splat(builder, builder.load(builder.gep(pa, [llvm_ir.Constant(_I64, j)])))
+                    x = builder.load(builder.gep(pa, [llvm_ir.Constant(_I64, j)]))
+                    sp = builder.shuffle_vector(builder.insert_element(undef, x, lane0),
+                                                undef, zmask)
                     for v in range(V):
-                        builder.store(builder.call(fma, [sp, xs[v], builder.load(slots[j][v])]),
-                                      slots[j][v])
+                        acc = builder.load(slots[j][v])
+                        if fused:
+                            new = builder.call(fma, [sp, xs[v], acc])
+                        else:                    # fl(acc + fl(a * b)): no contraction flags
+                            new = builder.fadd(acc, builder.fmul(sp, xs[v]))
+                        builder.store(new, slots[j][v])
             for j in range(CB):
                 for v in range(V):
-                    builder.store(builder.load(slots[j][v]), _vptr(builder, rows[j], v * _VW),
-                                  align=8)
+                    builder.store(builder.load(slots[j][v]), vptr(builder, rows[j], v * lanes),
+                                  align=al)
             return context.get_dummy_value()
 
         return sig, codegen

@@ -40,7 +40,8 @@ _mv4 = _make_micro_acc(_CB, 4) if _ROW_MAXV >= 4 else _mv3
 
 @kernel
 def gemm_tiled(apk, bpk, c, K, Np, T):
-    """``c [Mp, Np] = a @ b`` by the specification above, ``c`` zero on entry.
+    """``c [Mp, Np] = a @ b`` by the specification above (``c`` is overwritten: the first
+    K chunk starts every chain at +0.0 without reading it).
 
     ``apk`` is ``a [Mp, K]`` packed as ``[Mp/6, K, 6]`` (zero rows pad ``Mp`` to a multiple
     of 6), ``bpk`` is ``b [K, Np]`` packed as ``[Np/T, K, T]`` (T = the tile width, zero
@@ -64,21 +65,24 @@ def gemm_tiled(apk, bpk, c, K, Np, T):
         t1 = min(ntile, t0 + tpp)
         for k0 in range(0, K, _KC):
             nk = min(_KC, K - k0)
+            first = k0 == 0          # the chains start here: +0.0, c is not read
             # BLIS's order: one tile's chunk of b (KC x T, in L1) meets every 6-row block of
-            # the panel's chunk of a (from L2), then the next tile
+            # the panel's chunk of a (from L2), then the next tile; each call prefetches the
+            # c tile of the next call (the next block's rows, or the next tile's first block)
             for tile in range(t0, t1):
                 bbase = (tile * K + k0) * T
                 for blk in range(b0, b1):
                     ab = (blk * K + k0) * _CB
                     cb = blk * _CB * Np + tile * T
+                    pf = cb + _CB * Np if blk + 1 < b1 else b0 * _CB * Np + (tile + 1) * T
                     if V == 4:
-                        _mv4(bpk, bbase, T, apk, ab, nk, c, cb, Np)
+                        _mv4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
                     elif V == 3:
-                        _mv3(bpk, bbase, T, apk, ab, nk, c, cb, Np)
+                        _mv3(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
                     elif V == 2:
-                        _mv2(bpk, bbase, T, apk, ab, nk, c, cb, Np)
+                        _mv2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
                     else:
-                        _mv1(bpk, bbase, T, apk, ab, nk, c, cb, Np)
+                        _mv1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
 
 
 @kernel
@@ -100,20 +104,23 @@ def gemm_rows(a, b, c):
 
 @kernel
 def _pack_b(b, bpk, K, T):
-    """``b [K, N]`` -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past N; parallel
-    over tiles (a copy: no arithmetic)."""
+    """``b [K, N]`` -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past N (a copy: no
+    arithmetic).  Parallel over blocks of rows, each row of ``b`` read once, front to back
+    (walking a T-column strip down all K rows instead touches a new page per row)."""
     N = b.shape[1]
     ntile = bpk.shape[0] // (K * T) if K > 0 else 0
-    for tile in prange(ntile):
-        n0 = tile * T
-        w = min(T, N - n0)
-        for k in range(K):
-            base = (tile * K + k) * T
+    nkb = (K + 15) // 16
+    for kb in prange(nkb):
+        for k in range(kb * 16, min(K, kb * 16 + 16)):
             br = b[k]
-            for i in range(w):
-                bpk[base + i] = br[n0 + i]
-            for i in range(w, T):
-                bpk[base + i] = 0.0
+            for tile in range(ntile):
+                n0 = tile * T
+                w = min(T, N - n0)
+                base = (tile * K + k) * T
+                for i in range(w):
+                    bpk[base + i] = br[n0 + i]
+                for i in range(w, T):
+                    bpk[base + i] = 0.0
 
 
 @kernel
@@ -152,17 +159,28 @@ _WS = threading.local()
 _WS_MAX = 1 << 23            # float64 elements (64 MiB) a thread keeps for packed panels
 
 
-def _workspace(name, n):
-    """A float64 buffer of ``n`` elements for packing, kept per Python thread and reused
-    (fresh pages cost a fault each: a 512x1024x1024 product paid ~5 ms of its ~14 ms for
-    them); larger requests are allocated afresh."""
-    if n > _WS_MAX:
-        return np.empty(n)
+def _workspace(name, n, dtype=np.float64):
+    """A buffer of ``n`` elements of ``dtype`` for packing, kept per Python thread and name
+    and reused (fresh pages cost a fault each: a 512x1024x1024 product paid ~5 ms of its
+    ~14 ms for them); requests above 64 MiB are allocated afresh.  64-byte aligned."""
+    dtype = np.dtype(dtype)
+    if n * dtype.itemsize > _WS_MAX * 8:
+        return _aligned(n, dtype)
     buf = getattr(_WS, name, None)
-    if buf is None or buf.shape[0] < n:
-        buf = np.empty(max(n, 1 << 12))
+    if buf is None or buf.dtype != dtype or buf.shape[0] < n:
+        buf = _aligned(max(n, 1 << 12), dtype)
         setattr(_WS, name, buf)
     return buf[:n]
+
+
+def _aligned(n, dtype=np.float64):
+    """``numpy.empty(n, dtype)`` starting on a 64-byte boundary (a cache line): numpy's
+    allocator gives 16 bytes, and then most 64-byte vector loads of a packed panel
+    straddle two cache lines."""
+    size = np.dtype(dtype).itemsize
+    raw = np.empty(n * size + 64, dtype=np.uint8)
+    off = -raw.ctypes.data % 64
+    return raw[off:off + n * size].view(dtype)
 
 
 _SERIAL_FMAS = 1 << 21      # below this many multiply-adds one thread does it (~0.2 ms)
@@ -215,9 +233,7 @@ def matmul(a, b, out=None, tiled=None):
     else:
         (_pack_b.serial if packs else _pack_b)(b, bpk, K, T)
     direct = out is not None and Mp == M and Np == N and out.flags.c_contiguous
-    c = out if direct else np.zeros((Mp, Np))
-    if direct:
-        c[...] = 0.0
+    c = out if direct else np.empty((Mp, Np))       # K > 0: the kernel writes every element
     (gemm_tiled.serial if small else gemm_tiled)(apk, bpk, c.reshape(-1), K, Np, T)
     if direct:
         return out

@@ -30,6 +30,9 @@ from numba.extending import intrinsic
 
 from . import _cpu
 from ._jit import helper, kernel
+from ._simd import _ROW_MAXV, _VW, _make_micro_acc
+from .half import _ABS64, _EXP_ALL_ONES, _as_float64, _decode_one, _round_one, \
+    _rounding_constants
 
 # Tile shape from the numba TARGET (never the HMATH_DL_KERNELS override: the on-disk cache
 # key covers the target only).  AVX-512: 6 x 4 vectors of 16 float32 (24 zmm accumulators);
@@ -243,3 +246,284 @@ def gemm_f32_seq_serial(a, b, out, fused):
         if bad >= 0 and (best < 0 or bad < best):
             best = bad
     return best
+
+
+# --------------------------------------------------------------------------- tiled path
+# gemm_f64's loop nest on float32 (BLIS's: column panels x row panels in parallel, K in
+# chunks of KC terms, a tile's chunk of packed b in L1 meeting every 6-row block of packed
+# a), with the continuing micro-kernel of _simd: each output's accumulator is stored as a
+# float32 between chunks and reloaded, which is exactly one chain over k = 0 .. K-1.
+TCB = 6                          # rows of a per register block
+TL = 2 * _VW                     # float32 lanes per vector (16 on AVX-512, 8 on AVX2)
+TT = _ROW_MAXV * TL              # widest tile: 64 columns on AVX-512, 16 on AVX2
+TKC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b is 32 or 16 KiB
+_f1 = _make_micro_acc(TCB, 1, f32=True, fused=True)
+_s1 = _make_micro_acc(TCB, 1, f32=True, fused=False)
+_f2 = _make_micro_acc(TCB, 2, f32=True, fused=True) if _ROW_MAXV >= 2 else _f1
+_s2 = _make_micro_acc(TCB, 2, f32=True, fused=False) if _ROW_MAXV >= 2 else _s1
+_f4 = _make_micro_acc(TCB, 4, f32=True, fused=True) if _ROW_MAXV >= 4 else _f2
+_s4 = _make_micro_acc(TCB, 4, f32=True, fused=False) if _ROW_MAXV >= 4 else _s2
+
+
+def tile_width(n):
+    """Columns per register tile for ``n`` output columns: 1, 2 or the widest number of
+    vectors (narrow products get narrow tiles, so little padding is computed)."""
+    for v in (1, 2):
+        if n <= v * TL or _ROW_MAXV <= v:
+            return v * TL
+    return TT
+
+
+@kernel
+def gemm_f32_tiled(apk, bpk, c, K, Np, T, bpp, tpp, fused, out):
+    """``out [M, N] = float64(c)`` where ``c [Mp, Np]`` (float32, flat workspace) is the
+    sequential-k float32 product of ``apk`` (``a [Mp, K]`` packed ``[Mp/6, K, 6]``) and
+    ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), by the specification of this module
+    (``fused``: ``fma``, valid only when every product is exact; see
+    :func:`gemm_f32_seq`).  Returns the first flat index ``i*N + j`` of a non-finite
+    output, or -1.
+
+    Parallel over tasks of ``bpp`` row blocks x ``tpp`` tiles; each output's chain runs in
+    one task, chunk after chunk in k order, and the task widens its own outputs while they
+    are in cache, so any thread count gives the same bits."""
+    M, N = out.shape
+    Mp = c.shape[0] // Np if Np > 0 else 0
+    nmb = Mp // TCB
+    V = T // TL
+    pm = (nmb + bpp - 1) // bpp
+    ntile = Np // T
+    pn = (ntile + tpp - 1) // tpp
+    first_bad = np.full(pm * pn, -1, dtype=np.int64)
+    for t in prange(pm * pn):
+        im = t // pn
+        jn = t % pn
+        b0 = im * bpp
+        b1 = min(nmb, b0 + bpp)
+        t0 = jn * tpp
+        t1 = min(ntile, t0 + tpp)
+        for k0 in range(0, K, TKC):
+            nk = min(TKC, K - k0)
+            first = k0 == 0
+            for tile in range(t0, t1):
+                bbase = (tile * K + k0) * T
+                for blk in range(b0, b1):
+                    ab = (blk * K + k0) * TCB
+                    cb = blk * TCB * Np + tile * T
+                    pf = cb + TCB * Np if blk + 1 < b1 else b0 * TCB * Np + (tile + 1) * T
+                    if fused:
+                        if V == 4:
+                            _f4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+                        elif V == 2:
+                            _f2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+                        else:
+                            _f1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+                    else:
+                        if V == 4:
+                            _s4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+                        elif V == 2:
+                            _s2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+                        else:
+                            _s1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+        first_bad[t] = _widen(c, Np, out, b0 * TCB, min(M, b1 * TCB), t0 * T,
+                              min(N, t1 * T))
+    best = np.int64(-1)
+    for t in range(pm * pn):
+        if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
+            best = first_bad[t]
+    return best
+
+
+@helper
+def _widen(c, Np, out, i0, i1, j0, j1):
+    """``out[i0:i1, j0:j1] = float64(c)`` (flat float32 ``c`` of row length ``Np``);
+    returns the first flat index ``i*N + j`` of a non-finite value there, or -1."""
+    N = out.shape[1]
+    nonfinite = np.int64(0)
+    for i in range(i0, i1):
+        row = out[i]
+        base = i * Np
+        for j in range(j0, j1):
+            v = np.float64(c[base + j])
+            row[j] = v
+            nonfinite |= np.int64(v * 0.0 != 0.0)   # NaN exactly for NaN/+-inf
+    if nonfinite != 0:
+        for i in range(i0, i1):
+            for j in range(j0, j1):
+                if not np.isfinite(out[i, j]):
+                    return np.int64(i) * N + j
+    return np.int64(-1)
+
+
+@helper
+def _round32(x, u, mbits, bias, magic, inv_unit, top, sub_scale, inf_pattern):
+    """(the float32 value of ``x`` rounded to the 16-bit format, its magnitude pattern,
+    the entry's trouble flag: NaN/inf input or overflow) -- :func:`.half.round_to_float`'s
+    arithmetic for one entry, so the values are the same bits."""
+    r = _round_one(x, u, mbits, bias, magic, inv_unit, top)
+    mag = r & 0x7FFF
+    bad = np.int64(mag >= inf_pattern) | np.int64((u & _ABS64) >= _EXP_ALL_ONES)
+    r = min(r, (r & 0x8000) | (inf_pattern - 1))
+    return np.float32(_decode_one(r, mbits, bias, sub_scale)), mag, bad
+
+
+@helper
+def _format_constants(mbits, bias):
+    inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
+    sub_scale = _as_float64(np.int64(1023 + 1 - bias - mbits) << 52)
+    magic, inv_unit, top = _rounding_constants(mbits, bias)
+    return inf_pattern, sub_scale, magic, inv_unit, top
+
+
+@helper
+def _fold_stats(part, stats):
+    """Combine per-task (max, min, trouble) rows into ``stats`` (order-free: max, min,
+    or); returns 1 if any entry was NaN/inf or overflowed, else 0."""
+    mx = np.int64(0)
+    mn = np.int64(0x7FFF)
+    bad = np.int64(0)
+    for t in range(part.shape[0]):
+        mx = max(mx, part[t, 0])
+        mn = min(mn, part[t, 1])
+        bad |= part[t, 2]
+    stats[0] = mx
+    stats[1] = mn
+    return bad
+
+
+@kernel
+def round_pack_a(a, apk, mbits, bias, stats):
+    """Round the C-contiguous float64 ``a [M, K]`` to the 16-bit format ``(mbits, bias)``
+    straight into the packed float32 panel ``apk [ceil(M/6), K, 6]`` (flat; zero rows past
+    M), as :func:`.half.round_to_float` rounds (the same bits).  ``stats`` receives the
+    largest and the smallest non-zero magnitude pattern (0x7FFF if all are zero).  Returns
+    1 if some entry is NaN/inf or overflows (the caller then takes the checked path that
+    names it), else 0.  Parallel over row blocks."""
+    M, K = a.shape
+    nmb = apk.shape[0] // (K * TCB) if K > 0 else 0
+    inf_pattern, sub_scale, magic, inv_unit, top = _format_constants(mbits, bias)
+    u = a.view(np.int64)
+    part = np.zeros((nmb, 3), dtype=np.int64)
+    for blk in prange(nmb):
+        mx = np.int64(0)
+        mn = np.int64(0x7FFF)
+        bad = np.int64(0)
+        for j in range(TCB):
+            m = blk * TCB + j
+            base = blk * K * TCB + j
+            if m < M:
+                for k in range(K):
+                    v, mag, trouble = _round32(a[m, k], u[m, k], mbits, bias, magic,
+                                               inv_unit, top, sub_scale, inf_pattern)
+                    apk[base + k * TCB] = v
+                    mx = max(mx, mag)
+                    mn = min(mn, mag if mag != 0 else np.int64(0x7FFF))
+                    bad |= trouble
+            else:
+                for k in range(K):
+                    apk[base + k * TCB] = 0.0
+        part[blk, 0] = mx
+        part[blk, 1] = mn
+        part[blk, 2] = bad
+    return _fold_stats(part, stats)
+
+
+@kernel
+def round_pack_b(b, bpk, T, mbits, bias, stats):
+    """:func:`round_pack_a` for the right operand: the C-contiguous float64 ``b [K, N]``
+    rounded straight into ``bpk [ceil(N/T), K, T]`` (flat; zero columns past N).
+    Parallel over blocks of rows, each row read once, front to back."""
+    K, N = b.shape
+    ntile = bpk.shape[0] // (K * T) if K > 0 else 0
+    inf_pattern, sub_scale, magic, inv_unit, top = _format_constants(mbits, bias)
+    u = b.view(np.int64)
+    nkb = (K + 15) // 16
+    part = np.zeros((nkb, 3), dtype=np.int64)
+    for kb in prange(nkb):
+        mx = np.int64(0)
+        mn = np.int64(0x7FFF)
+        bad = np.int64(0)
+        for k in range(kb * 16, min(K, kb * 16 + 16)):
+            for tile in range(ntile):
+                n0 = tile * T
+                w = min(T, N - n0)
+                base = (tile * K + k) * T
+                for i in range(w):
+                    v, mag, trouble = _round32(b[k, n0 + i], u[k, n0 + i], mbits, bias,
+                                               magic, inv_unit, top, sub_scale, inf_pattern)
+                    bpk[base + i] = v
+                    mx = max(mx, mag)
+                    mn = min(mn, mag if mag != 0 else np.int64(0x7FFF))
+                    bad |= trouble
+                for i in range(w, T):
+                    bpk[base + i] = 0.0
+        part[kb, 0] = mx
+        part[kb, 1] = mn
+        part[kb, 2] = bad
+    return _fold_stats(part, stats)
+
+
+_TASKS = 8        # aim for at least this many parallel tasks (2-thread balance)
+
+
+def _tiles(M, N):
+    """(Mp, T, Np, bpp, tpp): padded rows, tile width, padded columns and the task shape
+    (up to 16 row blocks = 96 rows x 512 columns, halved until there are enough tasks)."""
+    Mp = -(-M // TCB) * TCB
+    T = tile_width(N)
+    Np = -(-N // T) * T
+    nmb = Mp // TCB
+    ntile = Np // T
+    bpp, tpp = min(16, nmb), max(1, min(ntile, 512 // T))
+    while -(-nmb // bpp) * -(-ntile // tpp) < _TASKS and (bpp > 4 or tpp > 1):
+        if tpp > 1:
+            tpp = -(-tpp // 2)
+        else:
+            bpp = -(-bpp // 2)
+    return Mp, T, Np, bpp, tpp
+
+
+def reduced_tiled(a, b, mbits, bias, out, exact_fma, parallel=True):
+    """The tiled reduced GEMM from float64 operands: ``a [M, K]``, ``b [K, N]``
+    (C-contiguous float64, M, N, K >= 1) rounded to the 16-bit format ``(mbits, bias)``
+    straight into packed float32 panels, then ``out [M, N]`` (float64, C-contiguous) =
+    the sequential-k float32 product (the module's specification, bit for bit).
+
+    ``exact_fma(stats_a, stats_b)`` decides from the magnitude patterns whether the fused
+    kernel is exact.  Returns ``None`` when an operand holds NaN/inf or overflows in the
+    format (nothing is computed: the caller's checked path names the entry), else the
+    first flat index of a non-finite output, or -1."""
+    from .gemm_f64 import _workspace
+    M, K = a.shape
+    N = b.shape[1]
+    Mp, T, Np, bpp, tpp = _tiles(M, N)
+    pick = (lambda k: k) if parallel else (lambda k: k.serial)
+    stats_a = np.empty(2, dtype=np.int64)
+    stats_b = np.empty(2, dtype=np.int64)
+    apk = _workspace("a32", Mp * K, np.float32)
+    if pick(round_pack_a)(a, apk, mbits, bias, stats_a):
+        return None
+    bpk = _workspace("b32", Np * K, np.float32)
+    if pick(round_pack_b)(b, bpk, T, mbits, bias, stats_b):
+        return None
+    c = _workspace("c32", Mp * Np, np.float32)
+    fused = bool(exact_fma(stats_a, stats_b))
+    return int(pick(gemm_f32_tiled)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))
+
+
+def matmul_f32_seq(a, b, out, fused, parallel=True):
+    """The tiled path from float32 operands already holding 16-bit values: ``out [M, N]``
+    (float64, C-contiguous) = the sequential-k float32 product of the C-contiguous
+    float32 ``a [M, K]`` and ``b [K, N]`` (K, M, N >= 1), as :func:`gemm_f32_seq`
+    specifies it, bit for bit.  Returns the first flat index of a non-finite output, or
+    -1.  ``parallel=False`` runs every kernel's serial compilation (the same bits)."""
+    from .gemm_f64 import _pack_a, _pack_b, _workspace
+    M, K = a.shape
+    N = b.shape[1]
+    Mp, T, Np, bpp, tpp = _tiles(M, N)
+    apk = _workspace("a32", Mp * K, np.float32)
+    bpk = _workspace("b32", Np * K, np.float32)
+    c = _workspace("c32", Mp * Np, np.float32)
+    pick = (lambda k: k) if parallel else (lambda k: k.serial)
+    pick(_pack_a)(a, apk, K)
+    pick(_pack_b)(b, bpk, K, T)
+    return int(pick(gemm_f32_tiled)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))

@@ -15,6 +15,7 @@ the 16-bit pattern is computed directly from the float64 bits, so e.g.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 
 import numpy as np
@@ -22,6 +23,8 @@ import numpy as np
 from .. import _checks
 from .._kernels import half as _khalf
 from .._kernels import gemm_reduced as _kgemm
+from .._kernels._cpu import machine as _machine
+from .._kernels._plan import forcing
 from ..errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
 
 __all__ = ["Precision", "round_to_bits", "bits_to_float", "round_to_precision", "reduced_gemm"]
@@ -211,8 +214,14 @@ def _round_float32(fname: str, precision: Precision, arr: np.ndarray):
     status = int(_khalf.round_to_float(arr.reshape(-1), out.reshape(-1), mbits, bias, stats))
     if status != -1:
         return out, status, None
+    return out, status, _magnitude_range(precision, stats)
+
+
+def _magnitude_range(precision, stats):
+    """(largest |value|, smallest non-zero |value| or None) from the magnitude patterns
+    ``stats`` (largest, smallest non-zero or 0x7FFF when every value is zero)."""
     hi, lo = (float(v) for v in _decode_magnitudes(precision, stats))
-    return out, status, (hi, None if int(stats[1]) == 0x7FFF else lo)
+    return hi, None if int(stats[1]) == 0x7FFF else lo
 
 
 def _decode_magnitudes(precision, patterns):
@@ -242,6 +251,36 @@ def _products_exact(range_a, range_b) -> bool:
         return True
     # all magnitudes are 16-bit values: these float64 products are exact
     return hi_a * hi_b < _F32_OVERFLOW and lo_a * lo_b >= _F32_MIN_NORMAL
+
+
+#: The reduced-GEMM paths (speed only: every path gives the same bits).
+GEMM_PATHS = ("tiled", "portable")
+_forced = {"gemm": None}
+
+
+def gemm_paths():
+    """The reduced-GEMM paths this process can run: ``tiled`` (register tiles on packed
+    float32 panels, where the machine policy has tiles) and ``portable`` (always)."""
+    return GEMM_PATHS if _machine().tiled else ("portable",)
+
+
+@contextlib.contextmanager
+def forced_gemm_path(name):
+    """Within the block, :func:`reduced_gemm` takes path ``name`` (one of
+    :data:`GEMM_PATHS`; ``None`` restores the plan), for the tests that hold every path
+    to the same bits and for A/B benchmarks.  A path this machine cannot run raises
+    ``ValueError``."""
+    if name is not None and name not in gemm_paths():
+        raise ValueError(f"reduced GEMM path {name!r} does not run here (available: "
+                         f"{gemm_paths()})")
+    with forcing(_forced, "gemm", name):
+        yield
+
+
+def gemm_path():
+    """The path :func:`reduced_gemm` takes: the forced one, else ``tiled`` where the
+    machine policy has tiles, else ``portable``."""
+    return _forced["gemm"] or gemm_paths()[0]
 
 
 def reduced_gemm(precision, a, b) -> np.ndarray:
@@ -290,6 +329,17 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
     m, k = a.shape
     n = b.shape[1]
     out = _checks.alloc(fname, (m, n), np.float64)
+    if m and n and k and gemm_path() == "tiled":
+        # register-tiled path: the operands are rounded straight into packed float32
+        # panels (the same values), then one product (the same bits as below)
+        mbits, bias, _ = _FORMAT[precision]
+        bad = _kgemm.reduced_tiled(
+            a, b, mbits, bias, out,
+            lambda sa, sb: _products_exact(_magnitude_range(precision, sa),
+                                           _magnitude_range(precision, sb)),
+            parallel=m * n * k > _SERIAL_GEMM_WORK)
+        if bad is not None:     # None: NaN/inf or an overflowing entry, named below
+            return _finish(fname, precision, out, bad)
     a32, status_a, range_a = _round_float32(fname, precision, a)
     b32, status_b, range_b = _round_float32(fname, precision, b)
     if status_a == -2:                   # non-finite input is reported before any overflow
@@ -310,6 +360,11 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         bad = int(_kgemm.gemm_f32_seq_serial(a32, b32, out, fused))
     else:
         bad = int(_kgemm.gemm_f32_seq(a32, b32, out, fused))
+    return _finish(fname, precision, out, bad)
+
+
+def _finish(fname, precision, out, bad):
+    """``out``, unless the kernel reported the first non-finite output ``bad`` >= 0."""
     if bad >= 0:
         i, j = _where(out.shape, bad)
         raise NumericOverflow(
