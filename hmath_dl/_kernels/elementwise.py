@@ -71,12 +71,14 @@ Dropout: ``dropout_train(x_flat, u_flat, p, scale, out_flat)`` (element-wise mas
 """
 
 
+import types as _pytypes
+
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from ._jit import helper, kernel
-from .libm import (exp_inline, expm1_inline, log1p_inline, sigmoid_inline, softplus_inline,
-                   tanh_inline)
+from .libm import (_bits, _float, _ROUND_BITS, _wide, exp_inline, expm1_inline,
+                   log1p_inline, sigmoid_inline, softplus_inline, tanh_inline)
 
 _CHUNK = 4096
 
@@ -96,6 +98,13 @@ _INV_SQRT2 = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
 _GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
 _GELU_TANH_A = 0.044715
+_INF = np.inf
+
+
+def _inl(fn):
+    """Numba-IR inlining (``inline='always'``), as in :mod:`.libm`: the element functions
+    below become part of each kernel's loop, which LLVM then vectorises."""
+    return njit(inline="always", nogil=True, error_model="numpy")(fn)
 
 
 @helper
@@ -129,10 +138,11 @@ _sigmoid = sigmoid_inline    # the library's own (hmath_dl._kernels.libm): no li
 # max error 2.4e-19; tests/reference/gelu_table.py regenerates it).  exp(-a^2) is
 # evaluated without rounding a^2 (Veltkamp split a = ah + al: a^2 = ah^2 + al (a + ah),
 # ah^2 exact), reduced by Cody-Waite to 2^k exp(r), |r| <= ln2/2 (degree-13 Taylor), and
-# 2^k = 2^k1 2^k2 built from exponent bits (both factors normal; one final rounding).
+# 2^k = 2^k1 2^k2 built from exponent bits (both factors normal; one final rounding; k
+# taken from the bits of the rounding sum, the same integer as int(kf)).
 # erfc(z) is within 3 ulps of erfc of the rounded z (the rounding of z itself is the
 # x**2-sized condition the tests allow).  Pure arithmetic, no libm calls and no table
-# gathers (slow on this hardware): LLVM vectorises both loops; the polynomials are
+# gathers (slow on this hardware): LLVM vectorises the loops; the polynomials are
 # evaluated by Estrin's scheme (pairs, then powers y^2, y^4, ...: a short dependency
 # chain; exp(r) = 1 + (r + r^2 P(r)) keeps the rounding of P's terms scaled by r^2).  Beyond a = 28
 # (|v| > 39.6) erfc(a) < 1e-340 underflows to exactly 0.
@@ -145,347 +155,436 @@ _GELU_V0_HI = -0.7517915246935645  # the zero of GELU' (mpmath), split in two do
 _GELU_V0_LO = 1.4956759177009883e-17
 
 
-@helper
-def _gelu_span(x, value, deriv):
-    """``value[i] = GELU(x[i])``, ``deriv[i] = GELU'(x[i])`` (equal-length 1-D arrays).
-    Any x (NaN and inf included) gives in-range exponent bits; the results for a
-    non-finite x are meaningless (the callers report them)."""
-    n = x.shape[0]
-    bits = np.empty(2 * n, dtype=np.int64)
-    for i in range(n):
-        a = abs(-x[i] * _INV_SQRT2)
-        a = a if a <= 28.0 else 28.0  # also NaN -> 28
-        t = a * _SPLIT
-        ah = t - (t - a)
-        kf = (-(ah * ah) * _LOG2E + _ROUND) - _ROUND  # an integer in [-1132, 0]
-        k = np.int64(kf)
-        k1 = k >> 1
-        bits[i] = (k1 + 1023) << 52
-        bits[n + i] = (k - k1 + 1023) << 52
-    scale = bits.view(np.float64)
-    for i in range(n):
-        v = x[i]
-        z = -v * _INV_SQRT2
-        a = abs(z)
-        a = a if a <= 28.0 else 28.0
-        t = a * _SPLIT
-        ah = t - (t - a)
-        al = a - ah
-        s_hi = -(ah * ah)
-        s_lo = -(al * (a + ah))
-        kf = (s_hi * _LOG2E + _ROUND) - _ROUND
-        r = ((s_hi - kf * _LN2_HI) - kf * _LN2_LO) + s_lo
-        e0_0 = 0.5 + 0.16666666666666666 * r
-        e0_1 = 0.041666666666666664 + 0.008333333333333333 * r
-        e0_2 = 0.001388888888888889 + 0.0001984126984126984 * r
-        e0_3 = 2.48015873015873e-05 + 2.7557319223985893e-06 * r
-        e0_4 = 2.755731922398589e-07 + 2.505210838544172e-08 * r
-        e0_5 = 2.08767569878681e-09 + 1.6059043836821613e-10 * r
-        ep1 = r * r
-        e1_0 = e0_0 + e0_1 * ep1
-        e1_1 = e0_2 + e0_3 * ep1
-        e1_2 = e0_4 + e0_5 * ep1
-        ep2 = ep1 * ep1
-        e2_0 = e1_0 + e1_1 * ep2
-        e2_1 = e1_2
-        ep3 = ep2 * ep2
-        e3_0 = e2_0 + e2_1 * ep3
-        p = 1.0 + (r + (r * r) * e3_0)
-        tt = 1.0 / (1.0 + 0.5 * a)
-        y = (15.0 * tt - 8.0) / 7.0
-        q0_0 = 0.5343229401326932 + 0.33827892810777704 * y
-        q0_1 = 0.12464235007162038 + 0.012373178041174356 * y
-        q0_2 = -0.00889983427343155 + -0.0018328807495958705 * y
-        q0_3 = 0.0011232723676870148 + 0.00014901182286643924 * y
-        q0_4 = -0.00018906135521377202 + 1.4082005063943185e-05 * y
-        q0_5 = 2.8690886475719638e-05 + -1.0797362558817278e-05 * y
-        q0_6 = -1.8788845603213935e-06 + 2.7930952968092153e-06 * y
-        q0_7 = -7.104029565809786e-07 + -2.889351024390062e-07 * y
-        q0_8 = 2.824119681119841e-07 + -6.917672362665062e-08 * y
-        q0_9 = -2.9020629402536678e-08 + 3.1878135939711285e-08 * y
-        q0_10 = -1.1795940225770977e-08 + -2.111742344662179e-09 * y
-        q0_11 = 5.505309302206009e-09 + -1.944165783580062e-09 * y
-        q0_12 = -9.777267508949562e-10 + 6.76524823910441e-10 * y
-        q0_13 = 6.63119264205424e-11 + -7.855755494805594e-11 * y
-        qp1 = y * y
-        q1_0 = q0_0 + q0_1 * qp1
-        q1_1 = q0_2 + q0_3 * qp1
-        q1_2 = q0_4 + q0_5 * qp1
-        q1_3 = q0_6 + q0_7 * qp1
-        q1_4 = q0_8 + q0_9 * qp1
-        q1_5 = q0_10 + q0_11 * qp1
-        q1_6 = q0_12 + q0_13 * qp1
-        qp2 = qp1 * qp1
-        q2_0 = q1_0 + q1_1 * qp2
-        q2_1 = q1_2 + q1_3 * qp2
-        q2_2 = q1_4 + q1_5 * qp2
-        q2_3 = q1_6
-        qp3 = qp2 * qp2
-        q3_0 = q2_0 + q2_1 * qp3
-        q3_1 = q2_2 + q2_3 * qp3
-        qp4 = qp3 * qp3
-        q4_0 = q3_0 + q3_1 * qp4
-        q = q4_0
-        s1 = scale[i]
-        s2 = scale[n + i]
-        ec = ((p * (tt * q)) * s1) * s2  # erfc(a)
-        ez = ec if z >= 0.0 else 2.0 - ec  # erfc(z)
-        e = (p * s1) * s2  # exp(-a^2)
-        # phi needs exp(-v^2/2), not exp(-a^2) (a^2 carries the rounding of z):
-        # exp(-v^2/2) = e (1 + c), c = a^2 - v^2/2 (tiny, from the exact split squares;
-        # 0 once a is clamped, where e == 0)
-        t = v * _SPLIT
-        vh = t - (t - v)
-        vl = v - vh
-        c = ((ah * ah) - 0.5 * (vh * vh)) + ((al * (a + ah)) - 0.5 * (vl * (v + vh)))
-        c = c if a < 28.0 else 0.0
-        dg = 0.5 * ez + v * _INV_SQRT_2PI * (e + e * c)
-        # near the zero v0 = -0.7518 of GELU' the two terms above cancel (x67 at
-        # v = -0.744): on [-1, -0.5] use GELU'(v) = (v - v0) S(v) instead, S a degree-14
-        # polynomial in u = 4v + 3 (exact), Chebyshev fit of mpmath's S (error 7e-22)
-        u = 4.0 * v + 3.0
-        g0_0 = 0.43218955538054815 + 0.09705466864084913 * u
-        g0_1 = -0.0011757940898419806 + -0.0017830228689401518 * u
-        g0_2 = -5.702082800956383e-05 + 1.901398583044852e-05 * u
-        g0_3 = 1.1013369675704306e-06 + -1.3734078878787107e-07 * u
-        g0_4 = -1.1319121003241076e-08 + 7.16710365686359e-10 * u
-        g0_5 = 8.195572081377135e-11 + -2.713390909492108e-12 * u
-        g0_6 = -4.611874571369789e-13 + 6.653216460069254e-15 * u
-        g0_7 = 2.0934701906097666e-15
-        gp1 = u * u
-        g1_0 = g0_0 + g0_1 * gp1
-        g1_1 = g0_2 + g0_3 * gp1
-        g1_2 = g0_4 + g0_5 * gp1
-        g1_3 = g0_6 + g0_7 * gp1
-        gp2 = gp1 * gp1
-        g2_0 = g1_0 + g1_1 * gp2
-        g2_1 = g1_2 + g1_3 * gp2
-        gp3 = gp2 * gp2
-        g3_0 = g2_0 + g2_1 * gp3
-        sloc = g3_0
-        dl = ((v - _GELU_V0_HI) - _GELU_V0_LO) * sloc
-        value[i] = 0.5 * v * ez
-        deriv[i] = dl if (v >= -1.0 and v <= -0.5) else dg
+@_inl
+def _gelu_erfc(v):
+    """(erfc(z), exp(-a^2), a, ah, al) for z = -v/sqrt 2, a = min(|z|, 28) = ah + al.
+    Any v (NaN and inf included) gives in-range exponent bits; the results for a
+    non-finite v are meaningless (the callers report them)."""
+    z = -v * _INV_SQRT2
+    a = abs(z)
+    a = a if a <= 28.0 else 28.0  # also NaN -> 28
+    t = a * _SPLIT
+    ah = t - (t - a)
+    al = a - ah
+    s_hi = -(ah * ah)
+    s_lo = -(al * (a + ah))
+    tk = s_hi * _LOG2E + _ROUND
+    kf = tk - _ROUND              # an integer in [-1132, 0]
+    k = _bits(tk) - _ROUND_BITS   # the same integer
+    k1 = k >> 1
+    s1 = _float((k1 + 1023) << 52)
+    s2 = _float((k - k1 + 1023) << 52)
+    r = ((s_hi - kf * _LN2_HI) - kf * _LN2_LO) + s_lo
+    e0_0 = 0.5 + 0.16666666666666666 * r
+    e0_1 = 0.041666666666666664 + 0.008333333333333333 * r
+    e0_2 = 0.001388888888888889 + 0.0001984126984126984 * r
+    e0_3 = 2.48015873015873e-05 + 2.7557319223985893e-06 * r
+    e0_4 = 2.755731922398589e-07 + 2.505210838544172e-08 * r
+    e0_5 = 2.08767569878681e-09 + 1.6059043836821613e-10 * r
+    ep1 = r * r
+    e1_0 = e0_0 + e0_1 * ep1
+    e1_1 = e0_2 + e0_3 * ep1
+    e1_2 = e0_4 + e0_5 * ep1
+    ep2 = ep1 * ep1
+    e2_0 = e1_0 + e1_1 * ep2
+    e2_1 = e1_2
+    ep3 = ep2 * ep2
+    e3_0 = e2_0 + e2_1 * ep3
+    p = 1.0 + (r + (r * r) * e3_0)
+    tt = 1.0 / (1.0 + 0.5 * a)
+    y = (15.0 * tt - 8.0) / 7.0
+    q0_0 = 0.5343229401326932 + 0.33827892810777704 * y
+    q0_1 = 0.12464235007162038 + 0.012373178041174356 * y
+    q0_2 = -0.00889983427343155 + -0.0018328807495958705 * y
+    q0_3 = 0.0011232723676870148 + 0.00014901182286643924 * y
+    q0_4 = -0.00018906135521377202 + 1.4082005063943185e-05 * y
+    q0_5 = 2.8690886475719638e-05 + -1.0797362558817278e-05 * y
+    q0_6 = -1.8788845603213935e-06 + 2.7930952968092153e-06 * y
+    q0_7 = -7.104029565809786e-07 + -2.889351024390062e-07 * y
+    q0_8 = 2.824119681119841e-07 + -6.917672362665062e-08 * y
+    q0_9 = -2.9020629402536678e-08 + 3.1878135939711285e-08 * y
+    q0_10 = -1.1795940225770977e-08 + -2.111742344662179e-09 * y
+    q0_11 = 5.505309302206009e-09 + -1.944165783580062e-09 * y
+    q0_12 = -9.777267508949562e-10 + 6.76524823910441e-10 * y
+    q0_13 = 6.63119264205424e-11 + -7.855755494805594e-11 * y
+    qp1 = y * y
+    q1_0 = q0_0 + q0_1 * qp1
+    q1_1 = q0_2 + q0_3 * qp1
+    q1_2 = q0_4 + q0_5 * qp1
+    q1_3 = q0_6 + q0_7 * qp1
+    q1_4 = q0_8 + q0_9 * qp1
+    q1_5 = q0_10 + q0_11 * qp1
+    q1_6 = q0_12 + q0_13 * qp1
+    qp2 = qp1 * qp1
+    q2_0 = q1_0 + q1_1 * qp2
+    q2_1 = q1_2 + q1_3 * qp2
+    q2_2 = q1_4 + q1_5 * qp2
+    q2_3 = q1_6
+    qp3 = qp2 * qp2
+    q3_0 = q2_0 + q2_1 * qp3
+    q3_1 = q2_2 + q2_3 * qp3
+    qp4 = qp3 * qp3
+    q4_0 = q3_0 + q3_1 * qp4
+    q = q4_0
+    ec = ((p * (tt * q)) * s1) * s2  # erfc(a)
+    ez = ec if z >= 0.0 else 2.0 - ec  # erfc(z)
+    e = (p * s1) * s2  # exp(-a^2)
+    return ez, e, a, ah, al
 
 
-@helper
-def _forward_chunk(code, x, out, start, stop):
-    ok = _chunk_finite(x, start, stop)
-    if code == IDENTITY:
-        for i in range(start, stop):
-            out[i] = x[i]
-    elif code == RELU:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = v if v > 0.0 else 0.0
-    elif code == LEAKY_RELU:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = v if v > 0.0 else LEAKY_SLOPE * v
-    elif code == GELU:
-        _gelu_span(x[start:stop], out[start:stop], np.empty(stop - start))
-    elif code == GELU_TANH:
-        for i in range(start, stop):
-            v = x[i]
-            # 0.5 (1 + tanh(u)) == sigmoid(2u): no cancellation for negative v;
-            # v**3 overflowing to +-inf gives sigmoid = 0 or 1, never NaN.
-            u = _GELU_TANH_C * (v + _GELU_TANH_A * v * v * v)
-            out[i] = v * _sigmoid(2.0 * u)
-    elif code == SILU:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = v * _sigmoid(v)
-    elif code == SIGMOID:
-        for i in range(start, stop):
-            out[i] = _sigmoid(x[i])
-    elif code == TANH:
-        for i in range(start, stop):
-            out[i] = tanh_inline(x[i])
-    elif code == SOFTPLUS:
-        for i in range(start, stop):
-            out[i] = softplus_inline(x[i])
-    elif code == ELU:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = v if v > 0.0 else expm1_inline(v)
-    return ok
+@_inl
+def _gelu_deriv(v, ez, e, a, ah, al):
+    """GELU'(v) from :func:`_gelu_erfc`'s results."""
+    # phi needs exp(-v^2/2), not exp(-a^2) (a^2 carries the rounding of z):
+    # exp(-v^2/2) = e (1 + c), c = a^2 - v^2/2 (tiny, from the exact split squares;
+    # 0 once a is clamped, where e == 0)
+    t = v * _SPLIT
+    vh = t - (t - v)
+    vl = v - vh
+    c = ((ah * ah) - 0.5 * (vh * vh)) + ((al * (a + ah)) - 0.5 * (vl * (v + vh)))
+    c = c if a < 28.0 else 0.0
+    dg = 0.5 * ez + v * _INV_SQRT_2PI * (e + e * c)
+    # near the zero v0 = -0.7518 of GELU' the two terms above cancel (x67 at
+    # v = -0.744): on [-1, -0.5] use GELU'(v) = (v - v0) S(v) instead, S a degree-14
+    # polynomial in u = 4v + 3 (exact), Chebyshev fit of mpmath's S (error 7e-22)
+    u = 4.0 * v + 3.0
+    g0_0 = 0.43218955538054815 + 0.09705466864084913 * u
+    g0_1 = -0.0011757940898419806 + -0.0017830228689401518 * u
+    g0_2 = -5.702082800956383e-05 + 1.901398583044852e-05 * u
+    g0_3 = 1.1013369675704306e-06 + -1.3734078878787107e-07 * u
+    g0_4 = -1.1319121003241076e-08 + 7.16710365686359e-10 * u
+    g0_5 = 8.195572081377135e-11 + -2.713390909492108e-12 * u
+    g0_6 = -4.611874571369789e-13 + 6.653216460069254e-15 * u
+    g0_7 = 2.0934701906097666e-15
+    gp1 = u * u
+    g1_0 = g0_0 + g0_1 * gp1
+    g1_1 = g0_2 + g0_3 * gp1
+    g1_2 = g0_4 + g0_5 * gp1
+    g1_3 = g0_6 + g0_7 * gp1
+    gp2 = gp1 * gp1
+    g2_0 = g1_0 + g1_1 * gp2
+    g2_1 = g1_2 + g1_3 * gp2
+    gp3 = gp2 * gp2
+    g3_0 = g2_0 + g2_1 * gp3
+    sloc = g3_0
+    dl = ((v - _GELU_V0_HI) - _GELU_V0_LO) * sloc
+    return dl if (v >= -1.0) & (v <= -0.5) else dg
 
 
-@helper
-def _derivative_chunk(code, x, out, start, stop):
-    ok = _chunk_finite(x, start, stop)
-    if code == IDENTITY:
-        for i in range(start, stop):
-            out[i] = 1.0
-    elif code == RELU:
-        for i in range(start, stop):
-            out[i] = 1.0 if x[i] > 0.0 else 0.0
-    elif code == LEAKY_RELU:
-        for i in range(start, stop):
-            out[i] = 1.0 if x[i] > 0.0 else LEAKY_SLOPE
-    elif code == GELU:
-        # Phi(v) + v phi(v), phi(v) = exp(-z^2) / sqrt(2 pi)
-        _gelu_span(x[start:stop], np.empty(stop - start), out[start:stop])
-    elif code == GELU_TANH:
-        for i in range(start, stop):
-            v = x[i]
-            if abs(v) >= 1e10:
-                # sigmoid(-2|u|) is exactly 0 here: the formula below gives exactly 1 / 0,
-                # and this avoids 0 * inf once v**2 overflows.
-                out[i] = 1.0 if v > 0.0 else 0.0
-            else:
-                u = _GELU_TANH_C * (v + _GELU_TANH_A * v * v * v)
-                du = _GELU_TANH_C * (1.0 + 3.0 * _GELU_TANH_A * v * v)
-                sp = _sigmoid(2.0 * u)
-                sm = _sigmoid(-2.0 * u)
-                # d/dv [v sigmoid(2u)] = sigmoid(2u) + 2 v sigmoid(2u) sigmoid(-2u) u'
-                out[i] = sp + 2.0 * v * (sp * sm) * du
-    elif code == SILU:
-        for i in range(start, stop):
-            v = x[i]
-            # sigmoid'(v) = sigmoid(v) sigmoid(-v): no cancellation in 1 - sigmoid(v)
-            out[i] = _sigmoid(v) * (1.0 + v * _sigmoid(-v))
-    elif code == SIGMOID:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = _sigmoid(v) * _sigmoid(-v)
-    elif code == TANH:
-        for i in range(start, stop):
-            # sech^2 = 4e / (1 + e)^2 with e = exp(-2|x|) <= 1: no cancellation, no
-            # overflow; gradually 0 in the tails (e underflows beyond |x| ~ 372)
-            e = exp_inline(-2.0 * abs(x[i]))
-            t = 1.0 + e
-            out[i] = (4.0 * e) / (t * t)
-    elif code == SOFTPLUS:
-        for i in range(start, stop):
-            out[i] = _sigmoid(x[i])
-    elif code == ELU:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = 1.0 if v > 0.0 else exp_inline(v)
-    return ok
+# --------------------------------------------------------------------------- element functions
+# f(v) and f'(v) of every activation (the formulas of the module docstring; selects, not
+# branches, so that each kernel's loop vectorises).
+@_inl
+def _f_identity(v):
+    return v
 
 
-@kernel
-def activation_forward(code, x_flat, out_flat):
-    """``out_flat[i] = f_code(x_flat[i])``; True iff every input is finite (see module doc)."""
+@_inl
+def _d_identity(v):
+    return 1.0
+
+
+@_inl
+def _f_relu(v):
+    return v if v > 0.0 else 0.0
+
+
+@_inl
+def _d_relu(v):
+    return 1.0 if v > 0.0 else 0.0
+
+
+@_inl
+def _f_leaky_relu(v):
+    return v if v > 0.0 else LEAKY_SLOPE * v
+
+
+@_inl
+def _d_leaky_relu(v):
+    return 1.0 if v > 0.0 else LEAKY_SLOPE
+
+
+@_inl
+def _f_gelu(v):
+    ez, e, a, ah, al = _gelu_erfc(v)
+    return 0.5 * v * ez
+
+
+@_inl
+def _d_gelu(v):
+    # Phi(v) + v phi(v), phi(v) = exp(-z^2) / sqrt(2 pi)
+    ez, e, a, ah, al = _gelu_erfc(v)
+    return _gelu_deriv(v, ez, e, a, ah, al)
+
+
+@_inl
+def _fd_gelu(v):
+    ez, e, a, ah, al = _gelu_erfc(v)
+    return 0.5 * v * ez, _gelu_deriv(v, ez, e, a, ah, al)
+
+
+@_inl
+def _f_gelu_tanh(v):
+    # 0.5 (1 + tanh(u)) == sigmoid(2u): no cancellation for negative v;
+    # v**3 overflowing to +-inf gives sigmoid = 0 or 1, never NaN.
+    u = _GELU_TANH_C * (v + _GELU_TANH_A * v * v * v)
+    return v * _sigmoid(2.0 * u)
+
+
+@_inl
+def _d_gelu_tanh(v):
+    u = _GELU_TANH_C * (v + _GELU_TANH_A * v * v * v)
+    du = _GELU_TANH_C * (1.0 + 3.0 * _GELU_TANH_A * v * v)
+    sp = _sigmoid(2.0 * u)
+    sm = _sigmoid(-2.0 * u)
+    # d/dv [v sigmoid(2u)] = sigmoid(2u) + 2 v sigmoid(2u) sigmoid(-2u) u'
+    d = sp + 2.0 * v * (sp * sm) * du
+    # |v| >= 1e10: sigmoid(-2|u|) is exactly 0, the formula gives exactly 1 / 0; the
+    # select also avoids 0 * inf once v**2 overflows
+    big = 1.0 if v > 0.0 else 0.0
+    return big if abs(v) >= 1e10 else d
+
+
+@_inl
+def _f_silu(v):
+    return v * _sigmoid(v)
+
+
+@_inl
+def _d_silu(v):
+    # sigmoid'(v) = sigmoid(v) sigmoid(-v): no cancellation in 1 - sigmoid(v)
+    return _sigmoid(v) * (1.0 + v * _sigmoid(-v))
+
+
+@_inl
+def _f_sigmoid(v):
+    return _sigmoid(v)
+
+
+@_inl
+def _d_sigmoid(v):
+    return _sigmoid(v) * _sigmoid(-v)
+
+
+@_inl
+def _f_tanh(v):
+    return tanh_inline(v)
+
+
+@_inl
+def _d_tanh(v):
+    # sech^2 = 4e / (1 + e)^2 with e = exp(-2|x|) <= 1: no cancellation, no
+    # overflow; gradually 0 in the tails (e underflows beyond |x| ~ 372)
+    e = exp_inline(-2.0 * abs(v))
+    t = 1.0 + e
+    return (4.0 * e) / (t * t)
+
+
+@_inl
+def _f_softplus(v):
+    return softplus_inline(v)
+
+
+@_inl
+def _d_softplus(v):
+    return _sigmoid(v)
+
+
+@_inl
+def _f_elu(v):
+    return v if v > 0.0 else expm1_inline(v)
+
+
+@_inl
+def _d_elu(v):
+    return 1.0 if v > 0.0 else exp_inline(v)
+
+
+# parameterised (LEAKY_RELU negative_slope, ELU alpha, SOFTPLUS beta)
+@_inl
+def _pf_leaky_relu(p, v):
+    return v if v > 0.0 else p * v
+
+
+@_inl
+def _pd_leaky_relu(p, v):
+    return 1.0 if v > 0.0 else p
+
+
+@_inl
+def _pf_elu(p, v):
+    return v if v > 0.0 else p * expm1_inline(v)
+
+
+@_inl
+def _pd_elu(p, v):
+    return 1.0 if v > 0.0 else p * exp_inline(v)
+
+
+@_inl
+def _pf_softplus(p, v):
+    # max(v, 0) + log1p(exp(-|p v|)) / p: finite even when p v overflows
+    return max(v, 0.0) + log1p_inline(exp_inline(-abs(p * v))) / p
+
+
+@_inl
+def _pd_softplus(p, v):
+    return _sigmoid(p * v)
+
+
+# --------------------------------------------------------------------------- kernel templates
+# One kernel per activation (and per entry point): each compiles only its own element
+# function.  The templates below are cloned (``_clone``) with their own globals ``_F`` /
+# ``_D`` / ``_FD`` / ``_PF`` / ``_PD`` / ``_PDEF`` / ``_FDEF``; each clone has its own name
+# and so its own on-disk cache entry (as the serial twins do).  Every kernel reads each
+# element once: the finiteness count (an integer reduction, which vectorises) and f are
+# computed in the same loop.  Chunks of ``_CHUNK`` elements in parallel; every element is
+# independent, so the results do not depend on the thread count or the chunking.
+def _fwd_template(x_flat, out_flat):
     n = x_flat.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
-    ok = np.ones(nchunks, dtype=np.bool_)
+    bad = np.zeros(nchunks, dtype=np.int64)
     for c in prange(nchunks):
-        start = c * _CHUNK
-        stop = min(n, start + _CHUNK)
-        ok[c] = _forward_chunk(code, x_flat, out_flat, start, stop)
-    for c in range(nchunks):
-        if not ok[c]:
-            return False
-    return True
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        xs = x_flat[lo:hi]
+        os = out_flat[lo:hi]
+        nb = 0
+        for i in range(hi - lo):
+            v = xs[i]
+            nb += not (abs(v) < _INF)
+            os[i] = _F(v)
+        bad[c] = nb
+    return _none(bad)
 
 
-@kernel
-def activation_derivative(code, x_flat, out_flat):
-    """``out_flat[i] = f_code'(x_flat[i])``; True iff every input is finite (see module doc)."""
+def _der_template(x_flat, out_flat):
     n = x_flat.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
-    ok = np.ones(nchunks, dtype=np.bool_)
+    bad = np.zeros(nchunks, dtype=np.int64)
     for c in prange(nchunks):
-        start = c * _CHUNK
-        stop = min(n, start + _CHUNK)
-        ok[c] = _derivative_chunk(code, x_flat, out_flat, start, stop)
-    for c in range(nchunks):
-        if not ok[c]:
-            return False
-    return True
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        xs = x_flat[lo:hi]
+        os = out_flat[lo:hi]
+        nb = 0
+        for i in range(hi - lo):
+            v = xs[i]
+            nb += not (abs(v) < _INF)
+            os[i] = _D(v)
+        bad[c] = nb
+    return _none(bad)
 
 
-@helper
-def _gelu_both_chunk(x, out, d, start, stop):
-    """GELU value and derivative in one pass (the same expressions as
-    ``_forward_chunk`` / ``_derivative_chunk``, so the same bits)."""
-    ok = _chunk_finite(x, start, stop)
-    _gelu_span(x[start:stop], out[start:stop], d[start:stop])
-    return ok
-
-
-@kernel
-def activation_forward_derivative(code, x_flat, out_flat, d_flat):
-    """``out_flat[i] = f_code(x_flat[i])`` and ``d_flat[i] = f_code'(x_flat[i])`` in one
-    pass (for autodiff: the backward pass then only multiplies).  Bitwise the results of
-    :func:`activation_forward` and :func:`activation_derivative`; True iff every input is
-    finite."""
+def _fwd_der_template(x_flat, out_flat, d_flat):
     n = x_flat.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
-    ok = np.ones(nchunks, dtype=np.bool_)
+    bad = np.zeros(nchunks, dtype=np.int64)
     for c in prange(nchunks):
-        start = c * _CHUNK
-        stop = min(n, start + _CHUNK)
-        if code == GELU:
-            ok[c] = _gelu_both_chunk(x_flat, out_flat, d_flat, start, stop)
-        else:
-            ok[c] = _forward_chunk(code, x_flat, out_flat, start, stop)
-            _derivative_chunk(code, x_flat, d_flat, start, stop)
-    for c in range(nchunks):
-        if not ok[c]:
-            return False
-    return True
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        xs = x_flat[lo:hi]
+        os = out_flat[lo:hi]
+        ds = d_flat[lo:hi]
+        nb = 0
+        for i in range(hi - lo):
+            v = xs[i]
+            nb += not (abs(v) < _INF)
+            f, d = _FD(v)
+            os[i] = f
+            ds[i] = d
+        bad[c] = nb
+    return _none(bad)
 
 
-# --------------------------------------------------------------------------- parameters
-@helper
-def _param_forward_chunk(code, p, x, out, start, stop):
-    """Forward of LEAKY_RELU / ELU / SOFTPLUS with parameter ``p`` on ``[start, stop)``
-    (any other code: the unparameterised forward); returns the status code."""
-    if code == LEAKY_RELU:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = v if v > 0.0 else p * v
-    elif code == ELU:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = v if v > 0.0 else p * expm1_inline(v)
-    elif code == SOFTPLUS:
-        if p == 1.0:
-            for i in range(start, stop):
-                out[i] = softplus_inline(x[i])      # the default's bits
-        else:
-            # max(v, 0) + log1p(exp(-|p v|)) / p: finite even when p v overflows
-            for i in range(start, stop):
-                v = x[i]
-                out[i] = max(v, 0.0) + log1p_inline(exp_inline(-abs(p * v))) / p
+def _pfwd_template(p, x_flat, out_flat):
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    st = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        st[c] = _pfwd_span(p, x_flat[lo:hi], out_flat[lo:hi])
+    return _first(st)
+
+
+def _pder_template(p, x_flat, out_flat):
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    st = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        st[c] = _pder_span(p, x_flat[lo:hi], out_flat[lo:hi])
+    return _first(st)
+
+
+def _pfwd_der_template(p, x_flat, out_flat, d_flat):
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    st = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        xs = x_flat[lo:hi]
+        a = _pfwd_span(p, xs, out_flat[lo:hi])
+        b = _pder_span(p, xs, d_flat[lo:hi])
+        st[c] = a if a != 0 else b
+    return _first(st)
+
+
+def _pfwd_span_template(p, xs, os):
+    """Status of one chunk: 1 if an input is not finite, else 2 if an output is not,
+    else 0.  ``p == _PDEF`` (the default parameter) runs the unparameterised ``_FDEF``
+    (the same bits, documented)."""
+    nb = 0
+    no = 0
+    if p == _PDEF:
+        for i in range(xs.shape[0]):
+            v = xs[i]
+            nb += not (abs(v) < _INF)
+            r = _FDEF(v)
+            no += not (abs(r) < _INF)
+            os[i] = r
     else:
-        _forward_chunk(code, x, out, start, stop)
-    if not _chunk_finite(x, start, stop):
-        return 1
-    if not _chunk_finite(out, start, stop):
-        return 2
-    return 0
+        for i in range(xs.shape[0]):
+            v = xs[i]
+            nb += not (abs(v) < _INF)
+            r = _PF(p, v)
+            no += not (abs(r) < _INF)
+            os[i] = r
+    return 1 if nb != 0 else (2 if no != 0 else 0)
+
+
+def _pder_span_template(p, xs, os):
+    nb = 0
+    no = 0
+    for i in range(xs.shape[0]):
+        v = xs[i]
+        nb += not (abs(v) < _INF)
+        r = _PD(p, v)
+        no += not (abs(r) < _INF)
+        os[i] = r
+    return 1 if nb != 0 else (2 if no != 0 else 0)
 
 
 @helper
-def _param_derivative_chunk(code, p, x, out, start, stop):
-    """Derivative of LEAKY_RELU / ELU / SOFTPLUS with parameter ``p`` (left derivative at
-    the kink ``x = 0``); any other code: the unparameterised derivative."""
-    if code == LEAKY_RELU:
-        for i in range(start, stop):
-            out[i] = 1.0 if x[i] > 0.0 else p
-    elif code == ELU:
-        for i in range(start, stop):
-            v = x[i]
-            out[i] = 1.0 if v > 0.0 else p * exp_inline(v)
-    elif code == SOFTPLUS:
-        for i in range(start, stop):
-            out[i] = _sigmoid(p * x[i])
-    else:
-        _derivative_chunk(code, x, out, start, stop)
-    if not _chunk_finite(x, start, stop):
-        return 1
-    if not _chunk_finite(out, start, stop):
-        return 2
-    return 0
+def _none(bad):
+    """True iff no chunk counted a non-finite input."""
+    for c in range(bad.shape[0]):
+        if bad[c] != 0:
+            return False
+    return True
 
 
 @helper
-def _worst(st):
+def _first(st):
     """The first non-zero status of the chunks (0 when all are 0); chunks in order."""
     for c in range(st.shape[0]):
         if st[c] != 0:
@@ -493,46 +592,155 @@ def _worst(st):
     return 0
 
 
-@kernel
+def _clone(template, name, **names):
+    """``template`` as a new Python function ``name`` whose globals add ``names``."""
+    g = dict(globals())
+    g.update(names)
+    f = _pytypes.FunctionType(template.__code__, g, name, template.__defaults__,
+                              template.__closure__)
+    f.__qualname__ = name
+    f.__doc__ = template.__doc__
+    f.__module__ = __name__
+    return f
+
+
+_NAMES = {IDENTITY: "identity", RELU: "relu", LEAKY_RELU: "leaky_relu", GELU: "gelu",
+          GELU_TANH: "gelu_tanh", SILU: "silu", SIGMOID: "sigmoid", TANH: "tanh",
+          SOFTPLUS: "softplus", ELU: "elu"}
+_FORWARD = {}
+_DERIVATIVE = {}
+_FORWARD_DERIVATIVE = {}
+for _code, _name in _NAMES.items():
+    _f = globals()["_f_" + _name]
+    _d = globals()["_d_" + _name]
+    _fd = globals().get("_fd_" + _name)
+    if _fd is None:
+        _fd = _inl(_clone(lambda v: (_F(v), _D(v)), "_fd_" + _name, _F=_f, _D=_d))
+    _FORWARD[_code] = kernel(_clone(_fwd_template, "activation_forward_" + _name, _F=_f))
+    _DERIVATIVE[_code] = kernel(_clone(_der_template, "activation_derivative_" + _name,
+                                       _D=_d))
+    _FORWARD_DERIVATIVE[_code] = kernel(_clone(
+        _fwd_der_template, "activation_forward_derivative_" + _name, _FD=_fd))
+
+_PARAM = {LEAKY_RELU: (_pf_leaky_relu, _pd_leaky_relu, np.nan, _f_identity),
+          ELU: (_pf_elu, _pd_elu, np.nan, _f_identity),
+          SOFTPLUS: (_pf_softplus, _pd_softplus, 1.0, _f_softplus)}
+_FORWARD_PARAM = {}
+_DERIVATIVE_PARAM = {}
+_FORWARD_DERIVATIVE_PARAM = {}
+for _code, (_pf, _pd, _pdef, _fdef) in _PARAM.items():
+    _name = _NAMES[_code]
+    _ps = _inl(_clone(_pfwd_span_template, "_pfwd_span_" + _name, _PF=_pf,
+                        _PDEF=_pdef, _FDEF=_fdef))
+    _pds = _inl(_clone(_pder_span_template, "_pder_span_" + _name, _PD=_pd))
+    _FORWARD_PARAM[_code] = kernel(_clone(
+        _pfwd_template, "activation_forward_param_" + _name, _pfwd_span=_ps))
+    _DERIVATIVE_PARAM[_code] = kernel(_clone(
+        _pder_template, "activation_derivative_param_" + _name, _pder_span=_pds))
+    _FORWARD_DERIVATIVE_PARAM[_code] = kernel(_clone(
+        _pfwd_der_template, "activation_forward_derivative_param_" + _name,
+        _pfwd_span=_ps, _pder_span=_pds))
+del _code, _name, _f, _d, _fd, _pf, _pd, _pdef, _fdef, _ps, _pds
+
+
+@helper
+def _inputs_finite(x_flat):
+    return _chunk_finite(x_flat, 0, x_flat.shape[0])
+
+
+# --------------------------------------------------------------------------- public entries
+def _run(table, code, serial, *args):
+    k = table[code]
+    return bool(k.serial(*args) if serial else k(*args))
+
+
+def activation_forward(code, x_flat, out_flat):
+    """``out_flat[i] = f_code(x_flat[i])``; True iff every input is finite (see module doc)."""
+    if code not in _FORWARD:
+        return bool(_inputs_finite(x_flat))
+    return bool(_FORWARD[code](x_flat, out_flat))
+
+
+def activation_derivative(code, x_flat, out_flat):
+    """``out_flat[i] = f_code'(x_flat[i])``; True iff every input is finite (see module doc)."""
+    if code not in _DERIVATIVE:
+        return bool(_inputs_finite(x_flat))
+    return bool(_DERIVATIVE[code](x_flat, out_flat))
+
+
+def activation_forward_derivative(code, x_flat, out_flat, d_flat):
+    """``out_flat[i] = f_code(x_flat[i])`` and ``d_flat[i] = f_code'(x_flat[i])`` in one
+    pass (for autodiff: the backward pass then only multiplies).  Bitwise the results of
+    :func:`activation_forward` and :func:`activation_derivative`; True iff every input is
+    finite."""
+    if code not in _FORWARD_DERIVATIVE:
+        return bool(_inputs_finite(x_flat))
+    return bool(_FORWARD_DERIVATIVE[code](x_flat, out_flat, d_flat))
+
+
+def activation_forward_serial(code, x_flat, out_flat):
+    """:func:`activation_forward` compiled without threads (the same bits)."""
+    if code not in _FORWARD:
+        return bool(_inputs_finite(x_flat))
+    return bool(_FORWARD[code].serial(x_flat, out_flat))
+
+
+def activation_derivative_serial(code, x_flat, out_flat):
+    """:func:`activation_derivative` compiled without threads (the same bits)."""
+    if code not in _DERIVATIVE:
+        return bool(_inputs_finite(x_flat))
+    return bool(_DERIVATIVE[code].serial(x_flat, out_flat))
+
+
+def activation_forward_derivative_serial(code, x_flat, out_flat, d_flat):
+    """:func:`activation_forward_derivative` compiled without threads (the same bits)."""
+    if code not in _FORWARD_DERIVATIVE:
+        return bool(_inputs_finite(x_flat))
+    return bool(_FORWARD_DERIVATIVE[code].serial(x_flat, out_flat, d_flat))
+
+
+def _param_call(table, fallback, serial, code, p, x_flat, *outs):
+    if code in table:
+        k = table[code]
+        return int(k.serial(p, x_flat, *outs) if serial else k(p, x_flat, *outs))
+    # any other code: the unparameterised kernel (finite inputs give finite outputs)
+    return 0 if fallback(code, x_flat, *outs) else 1
+
+
 def activation_forward_param(code, p, x_flat, out_flat):
     """``out_flat[i] = f_code(x_flat[i]; p)``; status 0 / 1 / 2 (see module doc)."""
-    n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    st = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        start = c * _CHUNK
-        stop = min(n, start + _CHUNK)
-        st[c] = _param_forward_chunk(code, p, x_flat, out_flat, start, stop)
-    return _worst(st)
+    return _param_call(_FORWARD_PARAM, activation_forward, False, code, p, x_flat, out_flat)
 
 
-@kernel
 def activation_derivative_param(code, p, x_flat, out_flat):
     """``out_flat[i] = f_code'(x_flat[i]; p)``; status 0 / 1 / 2 (see module doc)."""
-    n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    st = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        start = c * _CHUNK
-        stop = min(n, start + _CHUNK)
-        st[c] = _param_derivative_chunk(code, p, x_flat, out_flat, start, stop)
-    return _worst(st)
+    return _param_call(_DERIVATIVE_PARAM, activation_derivative, False, code, p, x_flat,
+                       out_flat)
 
 
-@kernel
 def activation_forward_derivative_param(code, p, x_flat, out_flat, d_flat):
     """Both :func:`activation_forward_param` and :func:`activation_derivative_param` in
     one launch (bitwise their results); the status is the worse of the two."""
-    n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    st = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        start = c * _CHUNK
-        stop = min(n, start + _CHUNK)
-        a = _param_forward_chunk(code, p, x_flat, out_flat, start, stop)
-        b = _param_derivative_chunk(code, p, x_flat, d_flat, start, stop)
-        st[c] = a if a != 0 else b
-    return _worst(st)
+    return _param_call(_FORWARD_DERIVATIVE_PARAM, activation_forward_derivative, False,
+                       code, p, x_flat, out_flat, d_flat)
+
+
+def activation_forward_param_serial(code, p, x_flat, out_flat):
+    """:func:`activation_forward_param` compiled without threads (the same bits)."""
+    return _param_call(_FORWARD_PARAM, activation_forward_serial, True, code, p, x_flat,
+                       out_flat)
+
+
+def activation_derivative_param_serial(code, p, x_flat, out_flat):
+    """:func:`activation_derivative_param` compiled without threads (the same bits)."""
+    return _param_call(_DERIVATIVE_PARAM, activation_derivative_serial, True, code, p,
+                       x_flat, out_flat)
+
+
+def activation_forward_derivative_param_serial(code, p, x_flat, out_flat, d_flat):
+    """:func:`activation_forward_derivative_param` compiled without threads."""
+    return _param_call(_FORWARD_DERIVATIVE_PARAM, activation_forward_derivative_serial,
+                       True, code, p, x_flat, out_flat, d_flat)
 
 
 @kernel
@@ -577,15 +785,9 @@ def apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat):
     return True
 
 
-# serial twins (same functions compiled without threads) for small calls: see _serial.py
-from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
-
-activation_forward_serial = serial_twin(activation_forward)
-activation_derivative_serial = serial_twin(activation_derivative)
-activation_forward_derivative_serial = serial_twin(activation_forward_derivative)
-activation_forward_param_serial = serial_twin(activation_forward_param)
-activation_derivative_param_serial = serial_twin(activation_derivative_param)
-activation_forward_derivative_param_serial = serial_twin(activation_forward_derivative_param)
+# calls under SERIAL_WORK elements run the serial twins (same functions compiled without
+# threads, the same bits): see _serial.py
+from ._serial import SERIAL_WORK  # noqa: E402
 
 
 def sized_forward(n):
