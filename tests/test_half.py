@@ -521,6 +521,11 @@ def test_reduced_gemm_paths_same_errors(path):
     b = rng.standard_normal((40, 11))
     for bad_a, bad_b, err in (((3, 5, np.nan), None, NonFiniteError),
                               (None, (7, 2, np.inf), NonFiniteError),
+                              # a NaN whose payload is all ones (integer rounding wraps)
+                              ((0, 0, np.array([2 ** 63 - 1]).view(np.float64)[0]),
+                               None, NonFiniteError),
+                              (None, (39, 10, -np.array([2 ** 63 - 1]).view(np.float64)[0]),
+                               NonFiniteError),
                               ((8, 39, 1e6), None, NumericOverflow),     # FP16 overflow
                               (None, (0, 10, -7e4), NumericOverflow)):
         x, y = a.copy(), b.copy()

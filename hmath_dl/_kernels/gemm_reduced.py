@@ -31,8 +31,8 @@ from numba.extending import intrinsic
 from . import _cpu
 from ._jit import helper, kernel
 from ._simd import _ROW_MAXV, _VW, _make_micro_acc
-from .half import _ABS64, _EXP_ALL_ONES, _as_float64, _decode_one, _round_one, \
-    _rounding_constants
+from .half import _ABS64, _EXP_ALL_ONES, _rounding_constants
+from .libm import _bits, _float
 
 # Tile shape from the numba TARGET (never the HMATH_DL_KERNELS override: the on-disk cache
 # key covers the target only).  AVX-512: 6 x 4 vectors of 16 float32 (24 zmm accumulators);
@@ -354,77 +354,104 @@ def _widen(c, Np, out, i0, i1, j0, j1):
     return np.int64(-1)
 
 
-@helper
-def _round32(x, u, mbits, bias, magic, inv_unit, top, sub_scale, inf_pattern):
-    """(the float32 value of ``x`` rounded to the 16-bit format, its magnitude pattern,
-    the entry's trouble flag: NaN/inf input or overflow) -- :func:`.half.round_to_float`'s
-    arithmetic for one entry, so the values are the same bits."""
-    r = _round_one(x, u, mbits, bias, magic, inv_unit, top)
-    mag = r & 0x7FFF
-    bad = np.int64(mag >= inf_pattern) | np.int64((u & _ABS64) >= _EXP_ALL_ONES)
-    r = min(r, (r & 0x8000) | (inf_pattern - 1))
-    return np.float32(_decode_one(r, mbits, bias, sub_scale)), mag, bad
-
-
-@helper
-def _format_constants(mbits, bias):
-    inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
-    sub_scale = _as_float64(np.int64(1023 + 1 - bias - mbits) << 52)
-    magic, inv_unit, top = _rounding_constants(mbits, bias)
-    return inf_pattern, sub_scale, magic, inv_unit, top
+_NONE = np.int64(0x7FFFFFFFFFFFFFFF)     # "no non-zero magnitude" (above every float64)
 
 
 @helper
 def _fold_stats(part, stats):
-    """Combine per-task (max, min, trouble) rows into ``stats`` (order-free: max, min,
-    or); returns 1 if any entry was NaN/inf or overflowed, else 0."""
+    """Combine per-task rows (largest rounded-magnitude bits, smallest non-zero ones,
+    largest input-magnitude bits) into ``stats`` (order-free: max, min, max)."""
     mx = np.int64(0)
-    mn = np.int64(0x7FFF)
-    bad = np.int64(0)
+    mn = _NONE
+    mxa = np.int64(0)
     for t in range(part.shape[0]):
         mx = max(mx, part[t, 0])
         mn = min(mn, part[t, 1])
-        bad |= part[t, 2]
+        mxa = max(mxa, part[t, 2])
     stats[0] = mx
     stats[1] = mn
-    return bad
+    stats[2] = mxa
+
+
+@helper
+def _round_run(x, u, dst, d0, n, mbits, bias, st):
+    """Round ``x[0:n]`` (float64, bits ``u``) to the 16-bit format ``(mbits, bias)`` into
+    ``dst[d0:d0+n]`` (float32: every 16-bit value is one) and fold into ``st`` (int64[3])
+    the largest rounded magnitude, the smallest non-zero one (as float64 bits: for
+    non-negative floats the bits order like the values) and the largest input magnitude.
+
+    The arithmetic of :func:`.half._round_one` without the 16-bit pattern in between (the
+    same value, so the same bits downstream):
+
+    * normal results (``|x| >= 2**emin``, emin = 1 - bias): round-half-to-even of the
+      float64 bits at fraction bit ``mbits`` and clear the bits below (a carry bumps the
+      exponent) -- the rounded value's own bits;
+    * subnormal results: ``(|x| + magic) - magic`` with ``magic = 2**(emin - mbits + 52)``,
+      one float64 rounding to a multiple of the subnormal unit.
+
+    Branch-free with integer reductions only, so the loop vectorises."""
+    magic, _, top = _rounding_constants(mbits, bias)
+    normal_min = np.int64(1024 - bias) << 52
+    shift = 52 - mbits
+    half = (np.int64(1) << (shift - 1)) - 1
+    mx = st[0]
+    mn = st[1]
+    mxa = st[2]
+    for i in range(n):
+        ui = u[i]
+        a = ui & _ABS64
+        normal = ((a + half + ((a >> shift) & 1)) >> shift) << shift
+        sub = (min(abs(x[i]), top) + magic) - magic
+        mag = _float(normal) if a >= normal_min else sub
+        dst[d0 + i] = np.float32(-mag if ui < 0 else mag)
+        mb = _bits(mag)
+        mx = max(mx, mb)
+        mn = min(mn, mb if mb != 0 else _NONE)
+        mxa = max(mxa, a)
+    st[0] = mx
+    st[1] = mn
+    st[2] = mxa
+
+
+@helper
+def _verdict(stats, bias):
+    """1 if an operand with ``stats`` (see :func:`_round_run`) holds NaN/inf or an entry
+    that rounds to +-inf, else 0: a rounded magnitude at or above 2**(bias + 1) (the
+    format's largest finite value is below it) or an input magnitude above +inf's bits
+    (NaN; near-NaN bit patterns could wrap in the integer rounding)."""
+    overflow = np.int64(bias + 1 + 1023) << 52
+    return np.int64(stats[0] >= overflow or stats[2] >= _EXP_ALL_ONES)
 
 
 @kernel
 def round_pack_a(a, apk, mbits, bias, stats):
     """Round the C-contiguous float64 ``a [M, K]`` to the 16-bit format ``(mbits, bias)``
     straight into the packed float32 panel ``apk [ceil(M/6), K, 6]`` (flat; zero rows past
-    M), as :func:`.half.round_to_float` rounds (the same bits).  ``stats`` receives the
-    largest and the smallest non-zero magnitude pattern (0x7FFF if all are zero).  Returns
+    M), as :func:`.half.round_to_float` rounds (the same values).  ``stats`` (int64[3])
+    receives the float64 bits of the largest and of the smallest non-zero rounded
+    magnitude (:data:`_NONE` if all are zero) and of the largest input magnitude.  Returns
     1 if some entry is NaN/inf or overflows (the caller then takes the checked path that
-    names it), else 0.  Parallel over row blocks."""
+    names it), else 0.  Parallel over row blocks; each row is rounded front to back into
+    a small buffer, then interleaved into the panel."""
     M, K = a.shape
     nmb = apk.shape[0] // (K * TCB) if K > 0 else 0
-    inf_pattern, sub_scale, magic, inv_unit, top = _format_constants(mbits, bias)
     u = a.view(np.int64)
     part = np.zeros((nmb, 3), dtype=np.int64)
     for blk in prange(nmb):
-        mx = np.int64(0)
-        mn = np.int64(0x7FFF)
-        bad = np.int64(0)
-        for j in range(TCB):
-            m = blk * TCB + j
-            base = blk * K * TCB + j
-            if m < M:
-                for k in range(K):
-                    v, mag, trouble = _round32(a[m, k], u[m, k], mbits, bias, magic,
-                                               inv_unit, top, sub_scale, inf_pattern)
-                    apk[base + k * TCB] = v
-                    mx = max(mx, mag)
-                    mn = min(mn, mag if mag != 0 else np.int64(0x7FFF))
-                    bad |= trouble
-            else:
-                for k in range(K):
-                    apk[base + k * TCB] = 0.0
-        part[blk, 0] = mx
-        part[blk, 1] = mn
-        part[blk, 2] = bad
-    return _fold_stats(part, stats)
+        st = np.zeros(3, dtype=np.int64)
+        st[1] = _NONE
+        rows = np.zeros(TCB * K, dtype=np.float32)
+        for j in range(min(TCB, M - blk * TCB)):
+            _round_run(a[blk * TCB + j], u[blk * TCB + j], rows, j * K, K, mbits, bias, st)
+        base = blk * K * TCB
+        for k in range(K):
+            for j in range(TCB):
+                apk[base + k * TCB + j] = rows[j * K + k]
+        part[blk, 0] = st[0]
+        part[blk, 1] = st[1]
+        part[blk, 2] = st[2]
+    _fold_stats(part, stats)
+    return _verdict(stats, bias)
 
 
 @kernel
@@ -434,32 +461,27 @@ def round_pack_b(b, bpk, T, mbits, bias, stats):
     Parallel over blocks of rows, each row read once, front to back."""
     K, N = b.shape
     ntile = bpk.shape[0] // (K * T) if K > 0 else 0
-    inf_pattern, sub_scale, magic, inv_unit, top = _format_constants(mbits, bias)
     u = b.view(np.int64)
     nkb = (K + 15) // 16
     part = np.zeros((nkb, 3), dtype=np.int64)
     for kb in prange(nkb):
-        mx = np.int64(0)
-        mn = np.int64(0x7FFF)
-        bad = np.int64(0)
+        st = np.zeros(3, dtype=np.int64)
+        st[1] = _NONE
         for k in range(kb * 16, min(K, kb * 16 + 16)):
+            br = b[k]
+            ur = u[k]
             for tile in range(ntile):
                 n0 = tile * T
                 w = min(T, N - n0)
                 base = (tile * K + k) * T
-                for i in range(w):
-                    v, mag, trouble = _round32(b[k, n0 + i], u[k, n0 + i], mbits, bias,
-                                               magic, inv_unit, top, sub_scale, inf_pattern)
-                    bpk[base + i] = v
-                    mx = max(mx, mag)
-                    mn = min(mn, mag if mag != 0 else np.int64(0x7FFF))
-                    bad |= trouble
+                _round_run(br[n0:], ur[n0:], bpk, base, w, mbits, bias, st)
                 for i in range(w, T):
                     bpk[base + i] = 0.0
-        part[kb, 0] = mx
-        part[kb, 1] = mn
-        part[kb, 2] = bad
-    return _fold_stats(part, stats)
+        part[kb, 0] = st[0]
+        part[kb, 1] = st[1]
+        part[kb, 2] = st[2]
+    _fold_stats(part, stats)
+    return _verdict(stats, bias)
 
 
 _TASKS = 8        # aim for at least this many parallel tasks (2-thread balance)
@@ -488,8 +510,8 @@ def reduced_tiled(a, b, mbits, bias, out, exact_fma, parallel=True):
     straight into packed float32 panels, then ``out [M, N]`` (float64, C-contiguous) =
     the sequential-k float32 product (the module's specification, bit for bit).
 
-    ``exact_fma(stats_a, stats_b)`` decides from the magnitude patterns whether the fused
-    kernel is exact.  Returns ``None`` when an operand holds NaN/inf or overflows in the
+    ``exact_fma(range_a, range_b)`` decides from the operands' rounded magnitude ranges
+    (largest, smallest non-zero or None) whether the fused kernel is exact.  Returns ``None`` when an operand holds NaN/inf or overflows in the
     format (nothing is computed: the caller's checked path names the entry), else the
     first flat index of a non-finite output, or -1."""
     from .gemm_f64 import _workspace
@@ -497,8 +519,8 @@ def reduced_tiled(a, b, mbits, bias, out, exact_fma, parallel=True):
     N = b.shape[1]
     Mp, T, Np, bpp, tpp = _tiles(M, N)
     pick = (lambda k: k) if parallel else (lambda k: k.serial)
-    stats_a = np.empty(2, dtype=np.int64)
-    stats_b = np.empty(2, dtype=np.int64)
+    stats_a = np.empty(3, dtype=np.int64)
+    stats_b = np.empty(3, dtype=np.int64)
     apk = _workspace("a32", Mp * K, np.float32)
     if pick(round_pack_a)(a, apk, mbits, bias, stats_a):
         return None
@@ -506,7 +528,9 @@ def reduced_tiled(a, b, mbits, bias, out, exact_fma, parallel=True):
     if pick(round_pack_b)(b, bpk, T, mbits, bias, stats_b):
         return None
     c = _workspace("c32", Mp * Np, np.float32)
-    fused = bool(exact_fma(stats_a, stats_b))
+    mags = stats_a[:2].view(np.float64), stats_b[:2].view(np.float64)
+    fused = bool(exact_fma(*((float(m[0]), None if st[1] == _NONE else float(m[1]))
+                             for m, st in zip(mags, (stats_a, stats_b)))))
     return int(pick(gemm_f32_tiled)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))
 
 

@@ -334,10 +334,7 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         # panels (the same values), then one product (the same bits as below)
         mbits, bias, _ = _FORMAT[precision]
         bad = _kgemm.reduced_tiled(
-            a, b, mbits, bias, out,
-            lambda sa, sb: _products_exact(_magnitude_range(precision, sa),
-                                           _magnitude_range(precision, sb)),
-            parallel=m * n * k > _SERIAL_GEMM_WORK)
+            a, b, mbits, bias, out, _products_exact, parallel=m * n * k > _SERIAL_GEMM_WORK)
         if bad is not None:     # None: NaN/inf or an overflowing entry, named below
             return _finish(fname, precision, out, bad)
     a32, status_a, range_a = _round_float32(fname, precision, a)
