@@ -511,7 +511,14 @@ def test_reduced_gemm_paths_bit_equal(path, p, monkeypatch):
     b = rng.standard_normal((520, 300))
     want = _reduced("portable", p, a, b)
     monkeypatch.setattr(_half_mod, "_SERIAL_GEMM_WORK", 1 << 40)     # serial kernels
+    monkeypatch.setattr(_half_mod, "_SERIAL_TILED_WORK", 1 << 40)
     assert same_bits(_reduced(path, p, a, b), want)
+    monkeypatch.setattr(_half_mod, "_SERIAL_GEMM_WORK", 0)           # parallel kernels
+    monkeypatch.setattr(_half_mod, "_SERIAL_TILED_WORK", 0)
+    for m, k, n in shapes[:5]:
+        a = rng.standard_normal((m, k))
+        b = rng.standard_normal((k, n))
+        assert same_bits(_reduced(path, p, a, b), _reduced("portable", p, a, b))
 
 
 @pytest.mark.parametrize("path", _RPATHS)

@@ -239,8 +239,10 @@ def _decode_magnitudes(precision, patterns):
 _F32_MIN_NORMAL = 2.0 ** -126
 _F32_OVERFLOW = 2.0 ** 128
 ALLOW_EXACT_FMA = True
-# multiply-adds up to which reduced_gemm runs its serial kernel (same bits as the parallel one)
+# multiply-adds up to which reduced_gemm runs its serial kernels (same bits as the parallel
+# ones): the portable path, and the tiled path (whose tasks are cheaper to start)
 _SERIAL_GEMM_WORK = 1 << 24
+_SERIAL_TILED_WORK = 1 << 21
 
 
 def _products_exact(range_a, range_b) -> bool:
@@ -334,7 +336,7 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         # panels (the same values), then one product (the same bits as below)
         mbits, bias, _ = _FORMAT[precision]
         bad = _kgemm.reduced_tiled(
-            a, b, mbits, bias, out, _products_exact, parallel=m * n * k > _SERIAL_GEMM_WORK)
+            a, b, mbits, bias, out, _products_exact, parallel=m * n * k > _SERIAL_TILED_WORK)
         if bad is not None:     # None: NaN/inf or an overflowing entry, named below
             return _finish(fname, precision, out, bad)
     a32, status_a, range_a = _round_float32(fname, precision, a)
