@@ -562,3 +562,53 @@ def test_reduced_gemm_forced_path_errors():
         with _half_mod.forced_gemm_path("nope"):
             pass
     assert _half_mod.gemm_path() == _RPATHS[0]
+
+
+# ---------------------------------------------------------------------- whole-array kernels
+def test_every_pattern_decodes_the_same_from_uint16_and_in_parallel():
+    # uint16 input (round_to_bits' output) skips the widening; a tiled array of every
+    # pattern (> the serial threshold) runs the chunk-parallel kernel
+    for p, mbits in ((FP16, 10), (BF16, 7)):
+        pats = np.arange(65536, dtype=np.int64)
+        finite = (pats & (((1 << (15 - mbits)) - 1) << mbits)) != (((1 << (15 - mbits)) - 1) << mbits)
+        one = bits_to_float(p, pats[finite])
+        for form in (pats[finite].astype(np.uint16), np.tile(pats[finite], 3),
+                     np.tile(pats[finite].astype(np.uint16), 3)):
+            got = bits_to_float(p, form)
+            assert same_bits(got.reshape(-1)[:one.size], one)
+            assert same_bits(got, np.tile(one, form.size // one.size))
+        for form in (np.tile(pats, 3), np.tile(pats, 3).astype(np.uint16)):
+            bad = int(np.flatnonzero(~np.tile(finite, 3))[0])
+            msg = raises(NonFiniteError, "bits_to_float", bits_to_float, p, form)
+            assert f"({bad},)" in msg
+
+
+def _spread(n, seed):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(n) * np.exp2(rng.uniform(-30, 14, n))
+
+
+@pytest.mark.parametrize("p", [FP16, BF16])
+def test_whole_array_rounding_parallel_equals_serial(p):
+    x = _spread(300_000, 41)
+    x[::7] = -x[::7]
+    x[5] = -0.0
+    bits = round_to_bits(p, x)
+    vals = round_to_precision(p, x)
+    for i0 in (0, 70_000, 299_000):          # slices below the serial threshold
+        part = x[i0:i0 + 1000]
+        assert np.array_equal(round_to_bits(p, part), bits[i0:i0 + 1000])
+        assert same_bits(round_to_precision(p, part), vals[i0:i0 + 1000])
+    assert same_bits(bits_to_float(p, bits), vals)
+    assert np.signbit(vals[5]) and bits[5] == 0x8000
+    # the first offending index is named, also deep inside a parallel chunk
+    y = x.copy()
+    y[250_001] = 1e39 if p is BF16 else 7e4
+    y[260_000] = -1e300
+    for f in (round_to_bits, round_to_precision):
+        msg = raises(NumericOverflow, f.__name__, f, p, y)
+        assert "(250001,)" in msg
+    y[270_000] = np.nan                       # NaN/inf is reported before any overflow
+    for f in (round_to_bits, round_to_precision):
+        msg = raises(NonFiniteError, f.__name__, f, p, y)
+        assert "270000" in msg

@@ -31,8 +31,7 @@ from numba.extending import intrinsic
 from . import _cpu
 from ._jit import helper, kernel
 from ._simd import _ROW_MAXV, _VW, _make_micro_acc
-from .half import _ABS64, _EXP_ALL_ONES, _rounding_constants
-from .libm import _bits, _float
+from .half import _NONE, round_run, run_verdict
 
 # Tile shape from the numba TARGET (never the HMATH_DL_KERNELS override: the on-disk cache
 # key covers the target only).  AVX-512: 6 x 4 vectors of 16 float32 (24 zmm accumulators);
@@ -354,13 +353,11 @@ def _widen(c, Np, out, i0, i1, j0, j1):
     return np.int64(-1)
 
 
-_NONE = np.int64(0x7FFFFFFFFFFFFFFF)     # "no non-zero magnitude" (above every float64)
-
-
 @helper
 def _fold_stats(part, stats):
-    """Combine per-task rows (largest rounded-magnitude bits, smallest non-zero ones,
-    largest input-magnitude bits) into ``stats`` (order-free: max, min, max)."""
+    """Combine per-task rows of :func:`.half.round_run` statistics (largest rounded-
+    magnitude bits, smallest non-zero ones, largest input-magnitude bits) into ``stats``
+    (order-free: max, min, max)."""
     mx = np.int64(0)
     mn = _NONE
     mxa = np.int64(0)
@@ -371,56 +368,6 @@ def _fold_stats(part, stats):
     stats[0] = mx
     stats[1] = mn
     stats[2] = mxa
-
-
-@helper
-def _round_run(x, u, dst, d0, n, mbits, bias, st):
-    """Round ``x[0:n]`` (float64, bits ``u``) to the 16-bit format ``(mbits, bias)`` into
-    ``dst[d0:d0+n]`` (float32: every 16-bit value is one) and fold into ``st`` (int64[3])
-    the largest rounded magnitude, the smallest non-zero one (as float64 bits: for
-    non-negative floats the bits order like the values) and the largest input magnitude.
-
-    The arithmetic of :func:`.half._round_one` without the 16-bit pattern in between (the
-    same value, so the same bits downstream):
-
-    * normal results (``|x| >= 2**emin``, emin = 1 - bias): round-half-to-even of the
-      float64 bits at fraction bit ``mbits`` and clear the bits below (a carry bumps the
-      exponent) -- the rounded value's own bits;
-    * subnormal results: ``(|x| + magic) - magic`` with ``magic = 2**(emin - mbits + 52)``,
-      one float64 rounding to a multiple of the subnormal unit.
-
-    Branch-free with integer reductions only, so the loop vectorises."""
-    magic, _, top = _rounding_constants(mbits, bias)
-    normal_min = np.int64(1024 - bias) << 52
-    shift = 52 - mbits
-    half = (np.int64(1) << (shift - 1)) - 1
-    mx = st[0]
-    mn = st[1]
-    mxa = st[2]
-    for i in range(n):
-        ui = u[i]
-        a = ui & _ABS64
-        normal = ((a + half + ((a >> shift) & 1)) >> shift) << shift
-        sub = (min(abs(x[i]), top) + magic) - magic
-        mag = _float(normal) if a >= normal_min else sub
-        dst[d0 + i] = np.float32(-mag if ui < 0 else mag)
-        mb = _bits(mag)
-        mx = max(mx, mb)
-        mn = min(mn, mb if mb != 0 else _NONE)
-        mxa = max(mxa, a)
-    st[0] = mx
-    st[1] = mn
-    st[2] = mxa
-
-
-@helper
-def _verdict(stats, bias):
-    """1 if an operand with ``stats`` (see :func:`_round_run`) holds NaN/inf or an entry
-    that rounds to +-inf, else 0: a rounded magnitude at or above 2**(bias + 1) (the
-    format's largest finite value is below it) or an input magnitude above +inf's bits
-    (NaN; near-NaN bit patterns could wrap in the integer rounding)."""
-    overflow = np.int64(bias + 1 + 1023) << 52
-    return np.int64(stats[0] >= overflow or stats[2] >= _EXP_ALL_ONES)
 
 
 @kernel
@@ -442,7 +389,7 @@ def round_pack_a(a, apk, mbits, bias, stats):
         st[1] = _NONE
         rows = np.zeros(TCB * K, dtype=np.float32)
         for j in range(min(TCB, M - blk * TCB)):
-            _round_run(a[blk * TCB + j], u[blk * TCB + j], rows, j * K, K, mbits, bias, st)
+            round_run(a[blk * TCB + j], u[blk * TCB + j], rows, j * K, K, mbits, bias, st)
         base = blk * K * TCB
         for k in range(K):
             for j in range(TCB):
@@ -451,7 +398,7 @@ def round_pack_a(a, apk, mbits, bias, stats):
         part[blk, 1] = st[1]
         part[blk, 2] = st[2]
     _fold_stats(part, stats)
-    return _verdict(stats, bias)
+    return np.int64(run_verdict(stats, bias) != 0)
 
 
 @kernel
@@ -474,14 +421,14 @@ def round_pack_b(b, bpk, T, mbits, bias, stats):
                 n0 = tile * T
                 w = min(T, N - n0)
                 base = (tile * K + k) * T
-                _round_run(br[n0:], ur[n0:], bpk, base, w, mbits, bias, st)
+                round_run(br[n0:], ur[n0:], bpk, base, w, mbits, bias, st)
                 for i in range(w, T):
                     bpk[base + i] = 0.0
         part[kb, 0] = st[0]
         part[kb, 1] = st[1]
         part[kb, 2] = st[2]
     _fold_stats(part, stats)
-    return _verdict(stats, bias)
+    return np.int64(run_verdict(stats, bias) != 0)
 
 
 _TASKS = 8        # aim for at least this many parallel tasks (2-thread balance)

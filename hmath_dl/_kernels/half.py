@@ -6,8 +6,10 @@ sign bit, ``15 - mbits`` exponent bits and an all-ones exponent for inf/NaN.
 Rounding works on ``float64.view(uint64)`` with ONE round-half-to-even straight to the
 16-bit format; subnormal results shift the rounding position.  The kernels never raise:
 overflow (a finite input rounding to +-inf) and NaN/inf patterns are reported as the
-smallest offending flat index (``-1`` when there is none).  The kernels are serial (they
-vectorise and are memory-bound), so nothing depends on the thread count.
+smallest offending flat index (``-1`` when there is none).  Every entry is independent,
+so nothing depends on the thread count; the memory-bound whole-array kernels
+(:func:`round_bits_chunks`, :func:`round_values_chunks`, :func:`decode_chunks`) split
+large arrays into chunks over the threads (a small call runs the serial twin).
 """
 
 import numpy as np
@@ -15,7 +17,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._jit import helper
+from numba import prange
+
+from ._jit import helper, kernel
 
 _ABS64 = np.int64(0x7FFFFFFFFFFFFFFF)
 _EXP_ALL_ONES = np.int64(0x7FF0000000000000)    # |bits| >= this: inf or NaN
@@ -166,4 +170,186 @@ def round_to_float(flat, out, mbits, bias, stats):
         for i in range(n):
             if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
                 return np.int64(i)
+    return np.int64(-1)
+
+
+# --------------------------------------------------------------------------- whole arrays
+# The value-level rounding (the same values as _round_one, without the 16-bit pattern),
+# chunked for threads.  A chunk's verdicts are integers folded with max/or, so any split
+# gives the same answer; the first offending index is found by a serial rescan (rare).
+CHUNK = 1 << 15
+_NONE = np.int64(0x7FFFFFFFFFFFFFFF)     # "no non-zero magnitude" (above every float64)
+
+
+@intrinsic
+def _as_int64(typingctx, x):
+    """The IEEE bits of the float64 ``x`` as an int64 (a register bitcast)."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+@helper
+def round_run(x, u, dst, d0, n, mbits, bias, st):
+    """Round ``x[0:n]`` (float64, bits ``u``) to the format ``(mbits, bias)`` and write the
+    values into ``dst[d0:d0+n]`` (float64 or float32: every 16-bit value is both); fold
+    into ``st`` (int64[3]) the largest rounded magnitude, the smallest non-zero one (as
+    float64 bits: for non-negative floats the bits order like the values; :data:`_NONE`
+    if none) and the largest input magnitude (bits).
+
+    The arithmetic of :func:`_round_one` without the 16-bit pattern in between (the same
+    value): normal results (``|x| >= 2**emin``, emin = 1 - bias) round half to even at
+    fraction bit ``mbits`` and clear the bits below (a carry bumps the exponent) -- the
+    rounded value's own float64 bits; subnormal results are ``(|x| + magic) - magic``,
+    one float64 rounding to a multiple of the subnormal unit.  Branch-free with integer
+    reductions only, so the loop vectorises.  Entries that are NaN/inf or round to +-inf
+    get meaningless values: :func:`run_verdict` reports them."""
+    magic, _, top = _rounding_constants(mbits, bias)
+    normal_min = np.int64(1024 - bias) << 52
+    shift = 52 - mbits
+    half = (np.int64(1) << (shift - 1)) - 1
+    mx = st[0]
+    mn = st[1]
+    mxa = st[2]
+    for i in range(n):
+        ui = u[i]
+        a = ui & _ABS64
+        normal = ((a + half + ((a >> shift) & 1)) >> shift) << shift
+        sub = (min(abs(x[i]), top) + magic) - magic
+        mag = _as_float64(normal) if a >= normal_min else sub
+        dst[d0 + i] = -mag if ui < 0 else mag
+        mb = _as_int64(mag)
+        mx = max(mx, mb)
+        mn = min(mn, mb if mb != 0 else _NONE)
+        mxa = max(mxa, a)
+    st[0] = mx
+    st[1] = mn
+    st[2] = mxa
+
+
+@helper
+def run_verdict(st, bias):
+    """For the folded ``st`` of :func:`round_run`: -2 if an entry is NaN/inf (its
+    magnitude bits reach +inf's), else 1 if one rounds to +-inf (a rounded magnitude at
+    or above 2**(bias + 1): the format's largest finite value is below it), else 0."""
+    if st[2] >= _EXP_ALL_ONES:
+        return np.int64(-2)
+    return np.int64(st[0] >= (np.int64(bias + 1 + 1023) << 52))
+
+
+@helper
+def _first_overflow(flat, mbits, bias):
+    """The first flat index whose finite value rounds to +-inf (-1 if none)."""
+    inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
+    magic, inv_unit, top = _rounding_constants(mbits, bias)
+    u = flat.view(np.int64)
+    for i in range(flat.shape[0]):
+        if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
+            return np.int64(i)
+    return np.int64(-1)
+
+
+@kernel
+def round_values_chunks(flat, out, mbits, bias):
+    """:func:`round_to_float`'s values (``out`` float64 or float32) and status (-2 NaN/inf
+    present, else the first index that overflows, else -1), chunk-parallel; overflowing
+    entries get meaningless values (the caller raises)."""
+    n = flat.shape[0]
+    u = flat.view(np.int64)
+    nch = (n + CHUNK - 1) // CHUNK
+    verdict = np.zeros(nch, dtype=np.int64)
+    for c in prange(nch):
+        st = np.zeros(3, dtype=np.int64)
+        st[1] = _NONE
+        i0 = c * CHUNK
+        m = min(CHUNK, n - i0)
+        round_run(flat[i0:], u[i0:], out, i0, m, mbits, bias, st)
+        verdict[c] = run_verdict(st, bias)
+    worst = np.int64(0)
+    for c in range(nch):
+        if verdict[c] == -2:
+            return np.int64(-2)
+        worst = max(worst, verdict[c])
+    return _first_overflow(flat, mbits, bias) if worst > 0 else np.int64(-1)
+
+
+@helper
+def _bits_run(x, u, out, mbits, bias):
+    """:func:`round_to_bits`'s loop over one chunk (slices starting at 0, so the loop
+    vectorises): returns 2 * (NaN/inf present) + (some entry overflows)."""
+    inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
+    magic, inv_unit, top = _rounding_constants(mbits, bias)
+    over = np.int64(0)
+    nonfinite = np.int64(0)
+    for i in range(x.shape[0]):
+        r = _round_one(x[i], u[i], mbits, bias, magic, inv_unit, top)
+        over |= np.int64((r & 0x7FFF) >= inf_pattern)
+        nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
+        out[i] = np.uint16(r)
+    return 2 * nonfinite + over
+
+
+@kernel
+def round_bits_chunks(flat, out, mbits, bias):
+    """:func:`round_to_bits` (uint16 patterns into ``out``, the same status), chunk-
+    parallel."""
+    n = flat.shape[0]
+    u = flat.view(np.int64)
+    nch = (n + CHUNK - 1) // CHUNK
+    flags = np.zeros(nch, dtype=np.int64)
+    for c in prange(nch):
+        i0 = c * CHUNK
+        i1 = min(n, i0 + CHUNK)
+        flags[c] = _bits_run(flat[i0:i1], u[i0:i1], out[i0:i1], mbits, bias)
+    worst = np.int64(0)
+    for c in range(nch):
+        worst |= flags[c]
+    if worst >= 2:
+        return np.int64(-2)
+    return _first_overflow(flat, mbits, bias) if worst == 1 else np.int64(-1)
+
+
+@helper
+def _decode_run(bits, out, mbits, bias):
+    """:func:`decode_chunks`' loop over one chunk (slices starting at 0): returns 1 if a
+    NaN/inf pattern is present (its entry is written as 0), else 0."""
+    exp_mask = np.int64(((1 << (15 - mbits)) - 1) << mbits)
+    fmask = np.int64((1 << mbits) - 1)
+    implicit = _as_float64(np.int64(1 - bias + 1023) << 52)       # 2**emin
+    bad = np.int64(0)
+    for i in range(bits.shape[0]):
+        b = np.int64(bits[i])
+        special = (b & exp_mask) == exp_mask
+        bad |= np.int64(special)
+        expo = (b & 0x7FFF) >> mbits
+        v = _as_float64(((max(expo, 1) - bias + 1023) << 52) | ((b & fmask) << (52 - mbits)))
+        mag = v - implicit if expo == 0 else v
+        val = -mag if (b & 0x8000) != 0 else mag
+        out[i] = 0.0 if special else val
+    return bad
+
+
+@kernel
+def decode_chunks(bits, out, mbits, bias):
+    """:func:`bits_to_float` (``bits`` uint16 or int64 patterns in [0, 65535]; the same
+    values and status), chunk-parallel and branch-free: the exponent field is taken as at
+    least 1 and, for a subnormal/zero pattern, ``2**emin`` subtracted again -- ``2**emin *
+    (1 + f/2**m) - 2**emin`` is exact (Sterbenz), ``+0`` for ``f = 0`` (the sign is set
+    after: -0.0 stays -0.0)."""
+    n = bits.shape[0]
+    exp_mask = np.int64(((1 << (15 - mbits)) - 1) << mbits)
+    nch = (n + CHUNK - 1) // CHUNK
+    flags = np.zeros(nch, dtype=np.int64)
+    for c in prange(nch):
+        i0 = c * CHUNK
+        i1 = min(n, i0 + CHUNK)
+        flags[c] = _decode_run(bits[i0:i1], out[i0:i1], mbits, bias)
+    for c in range(nch):
+        if flags[c] != 0:
+            for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+                if (np.int64(bits[i]) & exp_mask) == exp_mask:
+                    return np.int64(i)
     return np.int64(-1)

@@ -25,6 +25,7 @@ from .._kernels import half as _khalf
 from .._kernels import gemm_reduced as _kgemm
 from .._kernels._cpu import machine as _machine
 from .._kernels._plan import forcing
+from ..config import SERIAL_WORK
 from ..errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
 
 __all__ = ["Precision", "round_to_bits", "bits_to_float", "round_to_precision", "reduced_gemm"]
@@ -56,12 +57,19 @@ def _round(fname: str, name: str, precision: Precision, arr: np.ndarray) -> np.n
     out = _checks.alloc(fname, arr.shape, np.uint16)
     if arr.size == 0:
         return out
-    bad = int(_khalf.round_to_bits(arr.reshape(-1), out.reshape(-1), mbits, bias))
+    bad = int(_whole(_khalf.round_bits_chunks, arr.size)(arr.reshape(-1), out.reshape(-1),
+                                                         mbits, bias))
     if bad == -2:
         _checks.require_finite(fname, name, arr)
     if bad >= 0:
         _overflow(fname, name, precision, arr, bad)
     return out
+
+
+def _whole(kernel, n):
+    """``kernel`` (a chunk-parallel whole-array kernel of :mod:`.._kernels.half`) or its
+    serial twin for ``n`` entries (same values either way)."""
+    return kernel.serial if n < SERIAL_WORK else kernel
 
 
 def _overflow(fname, name, precision, arr, bad):
@@ -74,12 +82,14 @@ def _overflow(fname, name, precision, arr, bad):
 
 
 def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np.ndarray:
-    """float64 values of the C-contiguous int64 patterns ``bits`` (values in [0, 65535])."""
+    """float64 values of the C-contiguous int64 or uint16 patterns ``bits`` (values in
+    [0, 65535])."""
     mbits, bias, _ = _FORMAT[precision]
     out = _checks.alloc(fname, bits.shape, np.float64)
     if bits.size == 0:
         return out
-    bad = int(_khalf.bits_to_float(bits.reshape(-1), out.reshape(-1), mbits, bias))
+    bad = int(_whole(_khalf.decode_chunks, bits.size)(bits.reshape(-1), out.reshape(-1),
+                                                      mbits, bias))
     if bad >= 0:
         pattern = int(bits.reshape(-1)[bad])
         kind = "inf" if pattern & ((1 << mbits) - 1) == 0 else "NaN"
@@ -148,6 +158,9 @@ def bits_to_float(precision, bits) -> np.ndarray:
     """
     fname = "bits_to_float"
     precision = _checks.member(fname, "precision", precision, Precision)
+    if isinstance(bits, np.ndarray) and bits.dtype == np.uint16:
+        # round_to_bits' own output type: every value is a 16-bit pattern, no widening
+        return _decode(fname, "bits", precision, np.ascontiguousarray(bits))
     arr = _checks.int_array(fname, "bits", bits)
     if arr.shape == (1,) and np.ndim(bits) == 0:     # keep 0-d inputs 0-d
         arr = arr.reshape(())
@@ -193,8 +206,8 @@ def round_to_precision(precision, x) -> np.ndarray:
     out = _checks.alloc(fname, arr.shape, np.float64)
     if arr.size == 0:
         return out
-    stats = np.zeros(2, dtype=np.int64)
-    status = int(_khalf.round_to_float(arr.reshape(-1), out.reshape(-1), mbits, bias, stats))
+    status = int(_whole(_khalf.round_values_chunks, arr.size)(arr.reshape(-1), out.reshape(-1),
+                                                              mbits, bias))
     if status == -2:
         _checks.require_finite(fname, "x", arr)
     if status >= 0:
