@@ -1,0 +1,178 @@
+"""Pooling on regular 2-D windows: the common case of a CNN (``k x k`` windows at stride
+``s``, no padding, no dilation, every window inside the input), with the numbers of the
+general kernels (:mod:`._kernels.pool`, :mod:`._kernels.pool_backward`) bit for bit.
+
+The general kernels describe every window by per-output index arrays and reduce plane
+by plane through scratch arrays; on small planes (8 x 8 feature maps) that bookkeeping
+costs more than the arithmetic.  Here a window is ``rows oh*sh .. oh*sh + kh - 1`` by
+``columns ow*sw .. ow*sw + kw - 1`` and many planes go in one task.  The order of every
+operation is the general kernels' own:
+
+* forward max / sum (:func:`pool2d_regular`): for each window column ``w`` the column's
+  reduction over the window rows (``v = x[h0, w]``, then ``v = max``/``v + x[h, w]`` for
+  ``h = h0+1 ..``; a max replaces only when strictly greater), then the reduction of
+  those column values over ``w`` in order (the same rule); an average divides that sum
+  once by its integer divisor;
+* backward max (:func:`max_pool2d_regular_backward`): ``dx`` starts at 0.0 and every
+  output, in row-major order, adds its cotangent to the FIRST position of its window in
+  row-major order (``h``, then ``w``) holding the window maximum (strictly greater
+  replaces);
+* backward average (:func:`avg_pool2d_regular_backward`): every output, in row-major
+  order, adds ``g / divisor`` to each position of its window (row-major).
+
+The forward kernel also counts the planes whose input holds a NaN/inf (``x * 0 != 0``)
+or, for an average, whose output is not finite: the status of the general kernel (the
+facade raises from it).  Parallel over blocks of planes (every plane is owned by one
+task, so the bits do not depend on the thread count); small calls run the serial twin.
+"""
+
+import numpy as np
+from numba import prange
+
+from ._jit import helper, kernel
+
+#: Planes (n, c) per parallel task.
+PLANES_PER_TASK = 16
+
+
+def regular_windows(axes, spatial):
+    """``(kh, kw, sh, sw)`` when the per-axis boxes ``axes`` (``(lo, hi, step, count)``
+    per spatial axis, as :func:`._kernels.pool.boxes3` takes them) of an input with
+    spatial shape ``spatial`` are regular 2-D windows -- 1 or 2 spatial axes, step 1,
+    output ``i`` reading ``[i*s, i*s + k)`` inside the input, every divisor factor equal
+    to ``k`` -- else ``None``."""
+    if len(axes) not in (1, 2) or len(spatial) != len(axes):
+        return None
+    out = []
+    for (lo, hi, step, count), size in zip(axes, spatial):
+        lo = np.asarray(lo)
+        hi = np.asarray(hi)
+        count = np.asarray(count)
+        if int(step) != 1 or lo.size == 0 or lo[0] != 0:
+            return None
+        k = int(hi[0] - lo[0])
+        s = int(lo[1] - lo[0]) if lo.size > 1 else 1
+        if k < 1 or s < 1:
+            return None
+        want = np.arange(lo.size, dtype=np.int64) * s
+        if (not np.array_equal(lo, want) or not np.array_equal(hi, want + k)
+                or int(hi[-1]) > size or not np.all(count == k)):
+            return None
+        out.append((k, s))
+    if len(out) == 1:
+        out.insert(0, (1, 1))
+    (kh, sh), (kw, sw) = out
+    return kh, kw, sh, sw
+
+
+@helper
+def _plane_forward(x, p, out, kh, kw, sh, sw, is_max, div, col):
+    """Plane ``p``: ``out[p] [OH, OW]`` from ``x[p] [H, W]`` (see the module docstring;
+    ``col`` a scratch row of length W); returns 1 if the plane's input holds a NaN/inf or
+    (average) its output is not finite.  Per output row: the window rows reduced column
+    by column into ``col`` (a loop along the contiguous row: it vectorises), then each
+    window's columns of ``col`` reduced in order.  (Indexing without row views: a view
+    costs a reference-count update, more than the arithmetic of a small plane.)"""
+    H, W = x.shape[1], x.shape[2]
+    OH, OW = out.shape[1], out.shape[2]
+    nbad = 0
+    for oh in range(OH):
+        h0 = oh * sh
+        for w in range(W):
+            col[w] = x[p, h0, w]
+        for h in range(h0 + 1, h0 + kh):
+            if is_max:
+                for w in range(W):
+                    u = x[p, h, w]
+                    col[w] = u if u > col[w] else col[w]
+            else:
+                for w in range(W):
+                    col[w] += x[p, h, w]
+        for ow in range(OW):
+            w0 = ow * sw
+            v = col[w0]
+            for w in range(w0 + 1, w0 + kw):
+                c = col[w]
+                if is_max:
+                    v = c if c > v else v
+                else:
+                    v += c
+            out[p, oh, ow] = v if is_max else v / div
+    for h in range(H):
+        for w in range(W):
+            nbad += x[p, h, w] * 0.0 != 0.0
+    if not is_max:
+        for oh in range(OH):
+            for ow in range(OW):
+                nbad += out[p, oh, ow] * 0.0 != 0.0
+    return 1 if nbad != 0 else 0
+
+
+@kernel
+def pool2d_regular(x, kh, kw, sh, sw, is_max, div, out):
+    """Max (``is_max``) or average (sum / ``div``, an integer divisor) over regular
+    windows of ``x [P, H, W]`` into ``out [P, OH, OW]`` (C-contiguous float64, P the
+    (n, c) planes); returns the number of bad planes (see :func:`_plane_forward`)."""
+    P = x.shape[0]
+    ntask = (P + PLANES_PER_TASK - 1) // PLANES_PER_TASK
+    bad = np.zeros(ntask, dtype=np.int64)
+    for t in prange(ntask):
+        nb = 0
+        col = np.empty(x.shape[2])
+        for p in range(t * PLANES_PER_TASK, min(P, (t + 1) * PLANES_PER_TASK)):
+            nb += _plane_forward(x, p, out, kh, kw, sh, sw, is_max, div, col)
+        bad[t] = nb
+    total = 0
+    for t in range(ntask):
+        total += bad[t]
+    return total
+
+
+@kernel
+def max_pool2d_regular_backward(x, g, kh, kw, sh, sw, dx):
+    """``dx [P, H, W]`` of max pooling over regular windows: see the module docstring."""
+    P, H, W = x.shape
+    OH, OW = g.shape[1], g.shape[2]
+    ntask = (P + PLANES_PER_TASK - 1) // PLANES_PER_TASK
+    for t in prange(ntask):
+        for p in range(t * PLANES_PER_TASK, min(P, (t + 1) * PLANES_PER_TASK)):
+            for h in range(H):
+                for w in range(W):
+                    dx[p, h, w] = 0.0
+            for oh in range(OH):
+                h0 = oh * sh
+                for ow in range(OW):
+                    w0 = ow * sw
+                    bh = h0
+                    bw = w0
+                    best = x[p, h0, w0]
+                    for h in range(h0, h0 + kh):
+                        for w in range(w0, w0 + kw):
+                            u = x[p, h, w]
+                            if u > best:
+                                best = u
+                                bh = h
+                                bw = w
+                    dx[p, bh, bw] += g[p, oh, ow]
+
+
+@kernel
+def avg_pool2d_regular_backward(g, kh, kw, sh, sw, div, dx):
+    """``dx [P, H, W]`` of average pooling over regular windows (divisor ``div``): see
+    the module docstring."""
+    P, H, W = dx.shape
+    OH, OW = g.shape[1], g.shape[2]
+    ntask = (P + PLANES_PER_TASK - 1) // PLANES_PER_TASK
+    for t in prange(ntask):
+        for p in range(t * PLANES_PER_TASK, min(P, (t + 1) * PLANES_PER_TASK)):
+            for h in range(H):
+                for w in range(W):
+                    dx[p, h, w] = 0.0
+            for oh in range(OH):
+                h0 = oh * sh
+                for ow in range(OW):
+                    w0 = ow * sw
+                    share = g[p, oh, ow] / div
+                    for h in range(h0, h0 + kh):
+                        for w in range(w0, w0 + kw):
+                            dx[p, h, w] += share

@@ -1,0 +1,100 @@
+"""The regular-window pooling kernels (``_kernels/pool_fast.py``) give the general
+pooling kernels' bytes -- forward max and average, both backward passes, the NaN/inf
+status -- on ties, signed zeros, odd sizes, overlapping and gapped windows, and agree
+with the plain-loop reference."""
+
+import numpy as np
+import pytest
+
+from hmath_dl._kernels import pool as KP
+from hmath_dl._kernels import pool_backward as KB
+from hmath_dl._kernels import pool_fast as F
+from tests.reference.conv import pool_reference
+
+SHAPES = [  # N, C, H, W, kh, kw, sh, sw
+    (64, 16, 8, 8, 2, 2, 2, 2), (3, 5, 9, 11, 3, 3, 2, 2), (2, 3, 7, 7, 3, 3, 1, 1),
+    (4, 4, 6, 9, 2, 2, 3, 3), (1, 2, 5, 13, 2, 4, 1, 3), (2, 17, 4, 4, 4, 4, 4, 4),
+    (1, 1, 1, 7, 1, 3, 1, 2), (5, 3, 10, 3, 3, 1, 2, 1)]
+
+
+def _axes(H, W, kh, kw, sh, sw):
+    OH, OW = (H - kh) // sh + 1, (W - kw) // sw + 1
+    return [(np.arange(OH) * sh, np.arange(OH) * sh + kh, 1, np.full(OH, kh)),
+            (np.arange(OW) * sw, np.arange(OW) * sw + kw, 1, np.full(OW, kw))]
+
+
+def _data(N, C, H, W, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, H, W))
+    x[x < 0.2] = 0.0                               # many ties ...
+    x[:, ::2] *= -1.0                              # ... and signed zeros
+    x[0, 0, 0, :] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("is_max", [True, False])
+def test_regular_kernels_match_the_general_ones(shape, is_max):
+    N, C, H, W, kh, kw, sh, sw = shape
+    x = _data(N, C, H, W, sum(shape))
+    axes = _axes(H, W, kh, kw, sh, sw)
+    OH, OW = axes[0][0].size, axes[1][0].size
+    # (a single window along an axis has no stride to detect: reported as 1)
+    assert F.regular_windows(axes, (H, W)) == (kh, kw, sh if OH > 1 else 1,
+                                               sw if OW > 1 else 1)
+    want = np.empty((N, C, OH, OW))
+    assert KP.pool_box_nd(x, axes, is_max, want) == 0
+    for kern in (F.pool2d_regular, F.pool2d_regular.serial):
+        got = np.full_like(want, np.nan)
+        status = kern(x.reshape(N * C, H, W), kh, kw, sh, sw, is_max, kh * kw,
+                      got.reshape(N * C, OH, OW))
+        assert status == 0 and got.tobytes() == want.tobytes()
+    ref = pool_reference(is_max, x, (kh, kw), (sh, sw), (0, 0))
+    if is_max:
+        assert np.array_equal(want, ref)
+    else:
+        np.testing.assert_allclose(want, ref, rtol=1e-14, atol=1e-15)
+    g = np.random.default_rng(1).standard_normal(want.shape)
+    g[::2, :, ::2] = -0.0
+    dx_want = np.empty_like(x)
+    KB.pool_backward_nd(x.reshape(N, C, 1, H, W), g.reshape(N, C, 1, OH, OW),
+                        KP.boxes3(axes), is_max, dx_want.reshape(N, C, 1, H, W))
+    for serial in (False, True):
+        dx = np.full_like(x, np.nan)
+        if is_max:
+            k = F.max_pool2d_regular_backward
+            (k.serial if serial else k)(x.reshape(N * C, H, W), g.reshape(N * C, OH, OW),
+                                        kh, kw, sh, sw, dx.reshape(N * C, H, W))
+        else:
+            k = F.avg_pool2d_regular_backward
+            (k.serial if serial else k)(g.reshape(N * C, OH, OW), kh, kw, sh, sw, kh * kw,
+                                        dx.reshape(N * C, H, W))
+        assert dx.tobytes() == dx_want.tobytes()
+
+
+@pytest.mark.parametrize("is_max", [True, False])
+def test_regular_kernel_status_counts_bad_planes(is_max):
+    x = _data(3, 4, 6, 6, 7)
+    out = np.empty((12, 3, 3))
+    flat = x.reshape(12, 6, 6)
+    assert F.pool2d_regular(flat, 2, 2, 2, 2, is_max, 4, out) == 0
+    bad = flat.copy()
+    bad[5, 5, 5] = np.nan          # read by no window? (5, 5) is in the last window
+    bad[7, 0, 0] = -np.inf
+    assert F.pool2d_regular(bad, 2, 2, 2, 2, is_max, 4, out) == 2
+    big = flat.copy()
+    big[2] = 1e308                 # the average's sum overflows
+    assert F.pool2d_regular(big, 2, 2, 2, 2, is_max, 4, out) == (0 if is_max else 1)
+
+
+def test_regular_windows_detection():
+    H, W = 8, 9
+    assert F.regular_windows(_axes(H, W, 2, 3, 2, 3), (H, W)) == (2, 3, 2, 3)
+    lo, hi, _, cn = _axes(H, W, 2, 2, 2, 2)[1]
+    assert F.regular_windows([(lo, hi, 1, cn)], (W,)) == (1, 2, 1, 2)      # 1-D
+    padded = (np.maximum(lo - 1, 0), hi - 1, 1, cn)                        # clipped by padding
+    assert F.regular_windows([padded, padded], (H, W)) is None
+    assert F.regular_windows([(lo, hi, 2, cn)] * 2, (H, W)) is None           # dilation
+    assert F.regular_windows([(lo, hi, 1, cn + 1)] * 2, (H, W)) is None       # divisor override
+    assert F.regular_windows([(lo, hi, 1, cn)] * 3, (H, W, W)) is None        # 3-D
+    assert F.regular_windows([(lo, hi + 0, 1, cn)] * 2, (H, 7)) is None       # beyond the input
