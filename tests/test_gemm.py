@@ -30,6 +30,8 @@ def test_every_path_equals_the_fma_chain_oracle(M, K, N, seed):
     want = ref.matmul_2d(a, b).tobytes()
     assert G.matmul(a, b, tiled=False).tobytes() == want
     assert G.matmul(a, b, tiled=True).tobytes() == want
+    bt = np.ascontiguousarray(b.T).T          # b as the transpose of a C array (dense's w.T)
+    assert G.matmul(a, bt, tiled=True).tobytes() == want
 
 
 @pytest.mark.parametrize("M,K,N", [(6, 300, 32), (13, 257, 33), (97, 130, 300), (200, 600, 70)])
@@ -86,6 +88,7 @@ def test_same_bits_compiled_for_avx2_and_baseline():
             a = np.random.default_rng(M).standard_normal((M, K))
             b = np.random.default_rng(N).standard_normal((K, N))
             h.update(G.matmul(a, b).tobytes())
+            h.update(G.matmul(a, np.ascontiguousarray(b.T).T).tobytes())
         print(h.hexdigest())
     """)
 

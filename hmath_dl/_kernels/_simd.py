@@ -524,3 +524,40 @@ def _make_micro_acc(CB, V, f32=False, fused=True):
         return sig, codegen
 
     return micro
+
+
+@intrinsic
+def _transpose_block(typingctx, src, s_off, lds, dst, d_off, ldd):
+    """``dst[d_off + c*ldd + r] = src[s_off + r*lds + c]`` for ``r, c < VW`` (one
+    ``VW x VW`` block of float64 transposed: ``VW`` vector loads, shuffles, ``VW`` vector
+    stores; a copy, no arithmetic).  1-D C-contiguous float64 arrays; the caller
+    guarantees every address is inside its array."""
+    if not (_accepts(f64=(src, dst), ints=(s_off, lds, d_off, ldd))):
+        return None
+    sig = types.void(src, types.int64, types.int64, dst, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        sa, so, ls, da, do, ld = args
+        sd = _data(context, builder, signature.args[0], sa)
+        dd = _data(context, builder, signature.args[3], da)
+        i32 = llvm_ir.IntType(32)
+        ps = builder.gep(sd, [so])
+        rows = [builder.load(_vptr(builder, builder.gep(ps, [builder.mul(
+            llvm_ir.Constant(_I64, r), ls)]), 0), align=8) for r in range(_VW)]
+        # concatenate the rows pairwise into one VW*VW-lane value, then pick column c
+        while len(rows) > 1:
+            n = rows[0].type.count
+            mask = llvm_ir.Constant(llvm_ir.VectorType(i32, 2 * n), list(range(2 * n)))
+            rows = [builder.shuffle_vector(rows[j], rows[j + 1], mask)
+                    for j in range(0, len(rows), 2)]
+        whole = rows[0]
+        undef = llvm_ir.Constant(whole.type, llvm_ir.Undefined)
+        pd = builder.gep(dd, [do])
+        for c in range(_VW):
+            col = builder.shuffle_vector(whole, undef, llvm_ir.Constant(
+                llvm_ir.VectorType(i32, _VW), [r * _VW + c for r in range(_VW)]))
+            builder.store(col, _vptr(builder, builder.gep(pd, [builder.mul(
+                llvm_ir.Constant(_I64, c), ld)]), 0), align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen

@@ -24,7 +24,7 @@ import numpy as np
 from numba import prange
 
 from ._jit import kernel
-from ._simd import _ROW_MAXV, _VW, _fma, _make_micro_acc
+from ._simd import _ROW_MAXV, _VW, _fma, _make_micro_acc, _transpose_block
 
 _CB = 6                     # rows of a per register block
 _KC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b (KC x T) fits L1
@@ -126,17 +126,28 @@ def _pack_b(b, bpk, K, T):
 @kernel
 def _pack_bt(bt, bpk, K, T):
     """``bt [N, K]`` (b transposed) -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past
-    N, without a transposed copy of b first; parallel over tiles, every write contiguous
-    (the T rows of ``bt`` are read side by side)."""
+    N, without a transposed copy of b first; parallel over tiles.  Full ``VW x VW``
+    blocks go through :func:`._simd._transpose_block` (vector loads along ``bt``'s rows,
+    vector stores along the panel's); the edges element by element."""
     N = bt.shape[0]
     ntile = bpk.shape[0] // (K * T) if K > 0 else 0
+    flat = bt.reshape(-1)
+    kfull = K - K % _VW
     for tile in prange(ntile):
         n0 = tile * T
         w = min(T, N - n0)
+        wfull = w - w % _VW
         base = tile * K * T
-        for k in range(K):
+        for k0 in range(0, kfull, _VW):
+            for i0 in range(0, wfull, _VW):
+                _transpose_block(flat, (n0 + i0) * K + k0, K, bpk, base + k0 * T + i0, T)
+            for k in range(k0, k0 + _VW):
+                for i in range(wfull, w):
+                    bpk[base + k * T + i] = bt[n0 + i, k]
+        for k in range(kfull, K):
             for i in range(w):
                 bpk[base + k * T + i] = bt[n0 + i, k]
+        for k in range(K):
             for i in range(w, T):
                 bpk[base + k * T + i] = 0.0
 
