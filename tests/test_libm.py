@@ -357,6 +357,39 @@ def test_inline_variants_inside_a_caller_loop():
     assert _same(out, want)
 
 
+_FAST = {"expm1": (np.inf, "expm1"), "tanh": (np.inf, "tanh"),
+         "sigmoid": (libm.SIGMOID_FAST_BOUND, "sigmoid"),
+         "softplus": (libm.SOFTPLUS_FAST_BOUND, "softplus")}
+
+
+@pytest.mark.parametrize("name", sorted(_FAST))
+def test_fast_variants_are_the_plain_bits_in_their_domain(name):
+    """``*_fast_inline`` (FMA for the exact product errors where the target has FMA) give
+    bit for bit the plain functions' results on every test point in their domain
+    (``|x| <= bound``; every double for expm1 and tanh), the special values included."""
+    from numba import njit
+
+    bound, base = _FAST[name]
+    fast = getattr(libm, name + "_fast_inline")
+    plain = getattr(libm, name + "_inline")
+
+    @njit
+    def both(x, a, b):
+        for i in range(x.shape[0]):
+            a[i] = fast(x[i])
+            b[i] = plain(x[i])
+
+    x = np.concatenate([points(base), points(base, seed=3), points("sigmoid", seed=4),
+                        np.array([p[0] for p in SPECIAL[base]]),
+                        _around(min(bound, DBL_MAX), 20), _around(-min(bound, DBL_MAX), 20)])
+    if np.isfinite(bound):      # the kernels take the plain path for any other chunk
+        x = x[np.abs(x) <= bound]
+    a = np.empty_like(x)
+    b = np.empty_like(x)
+    both(x, a, b)
+    assert _same(a, b)
+
+
 # --------------------------------------------------------------------------- same bits
 _SCRIPT = textwrap.dedent("""
     import hashlib, sys

@@ -77,8 +77,10 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import helper, kernel
-from .libm import (_bits, _float, _ROUND_BITS, _wide, exp_inline, expm1_inline,
-                   log1p_inline, sigmoid_inline, softplus_inline, tanh_inline)
+from .libm import (SIGMOID_FAST_BOUND, SOFTPLUS_FAST_BOUND, _bits, _float, _ROUND_BITS,
+                   _wide, exp_inline, expm1_fast_inline, expm1_inline, log1p_inline,
+                   sigmoid_fast_inline, sigmoid_inline, softplus_fast_inline,
+                   softplus_inline, tanh_fast_inline, tanh_inline)
 
 _CHUNK = 4096
 
@@ -400,6 +402,70 @@ def _d_elu(v):
     return 1.0 if v > 0.0 else exp_inline(v)
 
 
+# the same functions with libm's ``*_fast_inline`` (FMA for the exact product errors, the
+# same bits: see libm): TANH and ELU everywhere; the others for chunks whose every |x| is
+# within ``_FAST_BOUNDS`` (where those give the plain bits), the rest by the plain ones
+@_inl
+def _f_tanh_fast(v):
+    return tanh_fast_inline(v)
+
+
+@_inl
+def _f_elu_fast(v):
+    return v if v > 0.0 else expm1_fast_inline(v)
+
+
+@_inl
+def _ff_gelu_tanh(v):
+    u = _GELU_TANH_C * (v + _GELU_TANH_A * v * v * v)
+    return v * sigmoid_fast_inline(2.0 * u)
+
+
+@_inl
+def _df_gelu_tanh(v):
+    u = _GELU_TANH_C * (v + _GELU_TANH_A * v * v * v)
+    du = _GELU_TANH_C * (1.0 + 3.0 * _GELU_TANH_A * v * v)
+    sp = sigmoid_fast_inline(2.0 * u)
+    sm = sigmoid_fast_inline(-2.0 * u)
+    return sp + 2.0 * v * (sp * sm) * du       # |v| <= 19: not the 1e10 branch
+
+
+@_inl
+def _ff_silu(v):
+    return v * sigmoid_fast_inline(v)
+
+
+@_inl
+def _df_silu(v):
+    return sigmoid_fast_inline(v) * (1.0 + v * sigmoid_fast_inline(-v))
+
+
+@_inl
+def _ff_sigmoid(v):
+    return sigmoid_fast_inline(v)
+
+
+@_inl
+def _df_sigmoid(v):
+    return sigmoid_fast_inline(v) * sigmoid_fast_inline(-v)
+
+
+@_inl
+def _ff_softplus(v):
+    return softplus_fast_inline(v)
+
+
+@_inl
+def _df_softplus(v):
+    return sigmoid_fast_inline(v)
+
+
+# |x| bounds of the fast forms: GELU_TANH's sigmoid argument 2u is within 600 for |x| <= 19
+_FAST_BOUNDS = {"gelu_tanh": (19.0, 19.0), "silu": (SIGMOID_FAST_BOUND, SIGMOID_FAST_BOUND),
+                "sigmoid": (SIGMOID_FAST_BOUND, SIGMOID_FAST_BOUND),
+                "softplus": (SOFTPLUS_FAST_BOUND, SIGMOID_FAST_BOUND)}
+
+
 # parameterised (LEAKY_RELU negative_slope, ELU alpha, SOFTPLUS beta)
 @_inl
 def _pf_leaky_relu(p, v):
@@ -413,7 +479,7 @@ def _pd_leaky_relu(p, v):
 
 @_inl
 def _pf_elu(p, v):
-    return v if v > 0.0 else p * expm1_inline(v)
+    return v if v > 0.0 else p * expm1_fast_inline(v)
 
 
 @_inl
@@ -498,6 +564,88 @@ def _fwd_der_template(x_flat, out_flat, d_flat):
             ds[i] = d
         bad[c] = nb
     return _none(bad)
+
+
+def _fwd_fast_template(x_flat, out_flat):
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        xs = x_flat[lo:hi]
+        os = out_flat[lo:hi]
+        nb, ns = _scan(xs, _BOUND)
+        if ns == 0:
+            for i in range(hi - lo):
+                os[i] = _FF(xs[i])
+        else:
+            for i in range(hi - lo):
+                os[i] = _F(xs[i])
+        bad[c] = nb
+    return _none(bad)
+
+
+def _der_fast_template(x_flat, out_flat):
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        xs = x_flat[lo:hi]
+        os = out_flat[lo:hi]
+        nb, ns = _scan(xs, _BOUND)
+        if ns == 0:
+            for i in range(hi - lo):
+                os[i] = _DF(xs[i])
+        else:
+            for i in range(hi - lo):
+                os[i] = _D(xs[i])
+        bad[c] = nb
+    return _none(bad)
+
+
+def _fwd_der_fast_template(x_flat, out_flat, d_flat):
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        xs = x_flat[lo:hi]
+        os = out_flat[lo:hi]
+        ds = d_flat[lo:hi]
+        nb, ns = _scan(xs, _BOUND)
+        if ns == 0:
+            for i in range(hi - lo):
+                v = xs[i]
+                f, d = _FDF(v)
+                os[i] = f
+                ds[i] = d
+        else:
+            for i in range(hi - lo):
+                v = xs[i]
+                f, d = _FD(v)
+                os[i] = f
+                ds[i] = d
+        bad[c] = nb
+    return _none(bad)
+
+
+@_inl
+def _scan(xs, bound):
+    """(non-finite elements, elements with not |x| <= bound) of the chunk ``xs``."""
+    nb = 0
+    ns = 0
+    for i in range(xs.shape[0]):
+        a = abs(xs[i])
+        nb += not (a < _INF)
+        ns += not (a <= bound)
+    return nb, ns
 
 
 def _pfwd_template(p, x_flat, out_flat):
@@ -610,17 +758,36 @@ _NAMES = {IDENTITY: "identity", RELU: "relu", LEAKY_RELU: "leaky_relu", GELU: "g
 _FORWARD = {}
 _DERIVATIVE = {}
 _FORWARD_DERIVATIVE = {}
+def _pair(name, f, d):
+    """The inline ``v -> (f(v), d(v))``."""
+    return _inl(_clone(lambda v: (_F(v), _D(v)), name, _F=f, _D=d))
+
+
 for _code, _name in _NAMES.items():
     _f = globals()["_f_" + _name]
     _d = globals()["_d_" + _name]
-    _fd = globals().get("_fd_" + _name)
-    if _fd is None:
-        _fd = _inl(_clone(lambda v: (_F(v), _D(v)), "_fd_" + _name, _F=_f, _D=_d))
-    _FORWARD[_code] = kernel(_clone(_fwd_template, "activation_forward_" + _name, _F=_f))
-    _DERIVATIVE[_code] = kernel(_clone(_der_template, "activation_derivative_" + _name,
-                                       _D=_d))
-    _FORWARD_DERIVATIVE[_code] = kernel(_clone(
-        _fwd_der_template, "activation_forward_derivative_" + _name, _FD=_fd))
+    _fd = globals().get("_fd_" + _name) or _pair("_fd_" + _name, _f, _d)
+    _fwd_f = globals().get("_f_%s_fast" % _name, _f)   # the same bits everywhere
+    if _name in _FAST_BOUNDS:
+        _ff = globals()["_ff_" + _name]
+        _df = globals()["_df_" + _name]
+        _bf, _bd = _FAST_BOUNDS[_name]
+        _FORWARD[_code] = kernel(_clone(_fwd_fast_template, "activation_forward_" + _name,
+                                        _F=_f, _FF=_ff, _BOUND=_bf))
+        _DERIVATIVE[_code] = kernel(_clone(
+            _der_fast_template, "activation_derivative_" + _name, _D=_d, _DF=_df,
+            _BOUND=_bd))
+        _FORWARD_DERIVATIVE[_code] = kernel(_clone(
+            _fwd_der_fast_template, "activation_forward_derivative_" + _name, _FD=_fd,
+            _FDF=_pair("_fdf_" + _name, _ff, _df), _BOUND=min(_bf, _bd)))
+    else:
+        _FORWARD[_code] = kernel(_clone(_fwd_template, "activation_forward_" + _name,
+                                        _F=_fwd_f))
+        _DERIVATIVE[_code] = kernel(_clone(_der_template, "activation_derivative_" + _name,
+                                           _D=_d))
+        _fdd = _fd if _fwd_f is _f else _pair("_fdf_" + _name, _fwd_f, _d)
+        _FORWARD_DERIVATIVE[_code] = kernel(_clone(
+            _fwd_der_template, "activation_forward_derivative_" + _name, _FD=_fdd))
 
 _PARAM = {LEAKY_RELU: (_pf_leaky_relu, _pd_leaky_relu, np.nan, _f_identity),
           ELU: (_pf_elu, _pd_elu, np.nan, _f_identity),
@@ -640,7 +807,8 @@ for _code, (_pf, _pd, _pdef, _fdef) in _PARAM.items():
     _FORWARD_DERIVATIVE_PARAM[_code] = kernel(_clone(
         _pfwd_der_template, "activation_forward_derivative_param_" + _name,
         _pfwd_span=_ps, _pder_span=_pds))
-del _code, _name, _f, _d, _fd, _pf, _pd, _pdef, _fdef, _ps, _pds
+del _code, _name, _f, _d, _fd, _fwd_f, _ff, _df, _bf, _bd, _fdd, _pf, _pd, _pdef, _fdef
+del _ps, _pds
 
 
 @helper
