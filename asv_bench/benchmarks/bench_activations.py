@@ -11,7 +11,9 @@ from hmath_dl.rng import RNG
 from .common import TORCH, normal, skip_without_torch, torch_tensor
 
 SHAPES = [(256, 1024), (1024, 4096)]
-ACTS = ["RELU", "GELU", "GELU_TANH", "SILU", "SIGMOID", "TANH"]
+ACTS = ["RELU", "GELU", "GELU_TANH", "SILU", "SIGMOID", "TANH", "SOFTPLUS", "ELU"]
+# issue 17's size (16M elements): ours and torch only
+BIG = [(4096, 4096)]
 
 
 class Activations:
@@ -37,6 +39,10 @@ def _numpy_act(name, x):
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
     if name == "SILU":
         return x / (1.0 + np.exp(-x))
+    if name == "SOFTPLUS":
+        return np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))
+    if name == "ELU":
+        return np.where(x > 0, x, np.expm1(np.minimum(x, 0.0)))
     if name == "SIGMOID":
         return 1.0 / (1.0 + np.exp(-x))
     return np.tanh(x)
@@ -67,12 +73,64 @@ class TorchActivations:
         skip_without_torch()
         self.t = torch_tensor(normal(shape, 3))
         f = TORCH.nn.functional
-        self.fn = {"RELU": f.relu, "GELU": f.gelu,
-                   "GELU_TANH": lambda t: f.gelu(t, approximate="tanh"), "SILU": f.silu,
-                   "SIGMOID": TORCH.sigmoid, "TANH": TORCH.tanh}[name]
+        self.fn = _torch_fn(name)
 
     def time_activate(self, shape, name):
         self.fn(self.t)
+
+
+def _torch_fn(name):
+    f = TORCH.nn.functional
+    # softplus without torch's linear cut-off (threshold=20), as ours
+    return {"RELU": f.relu, "GELU": f.gelu,
+            "GELU_TANH": lambda t: f.gelu(t, approximate="tanh"), "SILU": f.silu,
+            "SIGMOID": TORCH.sigmoid, "TANH": TORCH.tanh,
+            "SOFTPLUS": lambda t: f.softplus(t, threshold=1e30), "ELU": f.elu}[name]
+
+
+class BigActivations:
+    """16M float64 elements (issue 17's goal: every activation >= 1.5x torch), ours and
+    torch float64 in the same suite."""
+    params = (BIG, ACTS, ["ours", "torch"])
+    param_names = ["shape", "activation", "impl"]
+    timeout = 300
+
+    def setup(self, shape, name, impl):
+        if impl == "torch":
+            skip_without_torch()
+            self.t = torch_tensor(normal(shape, 3))
+            self.fn = _torch_fn(name)
+        else:
+            self.x = normal(shape, 3)
+            self.act = Activation[name]
+            activate(self.act, self.x[:1])
+
+    def time_activate(self, shape, name, impl):
+        if impl == "torch":
+            self.fn(self.t)
+        else:
+            activate(self.act, self.x)
+
+
+class ActivationDerivative:
+    """The derivative and the fused forward+derivative kernels (autodiff's path)."""
+    params = ([(1024, 4096)], ACTS, ["derivative", "forward_derivative"])
+    param_names = ["shape", "activation", "kernel"]
+
+    def setup(self, shape, name, kern):
+        from hmath_dl._kernels import elementwise as E
+        self.x = normal(shape, 3).reshape(-1)
+        self.out = np.empty_like(self.x)
+        self.d = np.empty_like(self.x)
+        self.code = Activation[name].value
+        self.E = E
+        self.time_kernel(shape, name, kern)
+
+    def time_kernel(self, shape, name, kern):
+        if kern == "derivative":
+            self.E.activation_derivative(self.code, self.x, self.d)
+        else:
+            self.E.activation_forward_derivative(self.code, self.x, self.out, self.d)
 
 
 class Dropout:

@@ -16,20 +16,57 @@ library's own exp, :mod:`hmath_dl._kernels.libm`, within 1 ulp), ``s`` = the sum
 import numpy as np
 from numba import prange
 
-from ._jit import kernel
-from .libm import exp_inline, log_inline
+from ._jit import helper, kernel
+from .libm import _wide, exp_inline, log_inline
 from .reduce import _row_sum as _sum8   # the eight-partial fixed order
+
+
+@helper
+def _row_max(a):
+    """max_j a_j of a non-empty 1-D array, as eight interleaved partial maxima (the
+    maximum is exact, so the order does not change it; only which of two equal zeros of
+    opposite sign is kept, which no result below depends on: it matters only through
+    ``z_j - log(s)`` with ``s = 1``, i.e. a single maximal element)."""
+    n = a.shape[0]
+    if n < 8:
+        m = a[0]
+        for j in range(1, n):
+            m = max(m, a[j])
+        return m
+    m0 = a[0]
+    m1 = a[1]
+    m2 = a[2]
+    m3 = a[3]
+    m4 = a[4]
+    m5 = a[5]
+    m6 = a[6]
+    m7 = a[7]
+    i = 8
+    while i + 8 <= n:
+        m0 = max(m0, a[i])
+        m1 = max(m1, a[i + 1])
+        m2 = max(m2, a[i + 2])
+        m3 = max(m3, a[i + 3])
+        m4 = max(m4, a[i + 4])
+        m5 = max(m5, a[i + 5])
+        m6 = max(m6, a[i + 6])
+        m7 = max(m7, a[i + 7])
+        i += 8
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    while i < n:
+        m = max(m, a[i])
+        i += 1
+    return m
 
 
 @kernel
 def softmax_rows(x, out, log):
     rows, c = x.shape
     for r in prange(rows):
+        _wide()
         xr = x[r]
         o = out[r]
-        m = xr[0]
-        for j in range(1, c):
-            m = max(m, xr[j])
+        m = _row_max(xr)
         for j in range(c):
             o[j] = exp_inline(xr[j] - m)
         s = _sum8(o)
@@ -46,6 +83,7 @@ def softmax_rows(x, out, log):
 def softmax_backward_rows(y, g, out, log):
     rows, c = y.shape
     for r in prange(rows):
+        _wide()
         yr = y[r]
         gr = g[r]
         o = out[r]
