@@ -32,6 +32,10 @@ def test_every_path_equals_the_fma_chain_oracle(M, K, N, seed):
     assert G.matmul(a, b, tiled=True).tobytes() == want
     bt = np.ascontiguousarray(b.T).T          # b as the transpose of a C array (dense's w.T)
     assert G.matmul(a, bt, tiled=True).tobytes() == want
+    at = np.ascontiguousarray(a.T).T          # a likewise (x.T in a weight gradient)
+    assert G.matmul(at, b, tiled=True).tobytes() == want
+    assert G.matmul(at, bt, tiled=True).tobytes() == want
+    assert G.matmul(at, bt, tiled=False).tobytes() == want
 
 
 @pytest.mark.parametrize("M,K,N", [(6, 300, 32), (13, 257, 33), (97, 130, 300), (200, 600, 70)])
@@ -89,6 +93,7 @@ def test_same_bits_compiled_for_avx2_and_baseline():
             b = np.random.default_rng(N).standard_normal((K, N))
             h.update(G.matmul(a, b).tobytes())
             h.update(G.matmul(a, np.ascontiguousarray(b.T).T).tobytes())
+            h.update(G.matmul(np.ascontiguousarray(a.T).T, b).tobytes())
         print(h.hexdigest())
     """)
 

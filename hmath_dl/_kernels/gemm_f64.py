@@ -166,6 +166,25 @@ def _pack_a(a, apk, K):
                 apk[base + j] = a[m, k] if m < M else 0.0
 
 
+@kernel
+def _pack_at(at, apk, K):
+    """``a [M, K]`` given as its transpose ``at [K, M]`` (C-contiguous: the ``x.T`` of a
+    weight gradient) -> ``apk [ceil(M/6), K, 6]`` (flat), zero rows past M, without a
+    transposed copy first: each term's 6 values are adjacent in a row of ``at``."""
+    M = at.shape[1]
+    nmb = apk.shape[0] // (K * _CB) if K > 0 else 0
+    for blk in prange(nmb):
+        m0 = blk * _CB
+        w = min(_CB, M - m0)
+        for k in range(K):
+            base = (blk * K + k) * _CB
+            row = at[k]
+            for j in range(w):
+                apk[base + j] = row[m0 + j]
+            for j in range(w, _CB):
+                apk[base + j] = 0.0
+
+
 _WS = threading.local()
 _WS_MAX = 1 << 23            # float64 elements (64 MiB) a thread keeps for packed panels
 
@@ -202,7 +221,7 @@ def matmul(a, b, out=None, tiled=None):
     ``a``, ``b`` 2-D float64; returns a new C-contiguous ``[M, N]`` array, or fills
     ``out``).  ``tiled`` forces the path (None: the machine policy decides)."""
     from ._cpu import machine
-    a = np.ascontiguousarray(a, dtype=np.float64)
+    a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     M, K = a.shape
     N = b.shape[1]
@@ -219,6 +238,11 @@ def matmul(a, b, out=None, tiled=None):
     if tiled is None:
         tiled = machine().tiled and M >= _CB      # fewer rows: packing b costs the product
     small = M * N * K < _SERIAL_FMAS
+    # a given as the transpose of a C-contiguous array (x.T in a weight gradient): the
+    # tiled path packs from that array's rows instead of copying a first
+    at = a.T if (tiled and not a.flags.c_contiguous and a.T.flags.c_contiguous) else None
+    if at is None:
+        a = np.ascontiguousarray(a)
     if not tiled:
         if bt is not None:
             b = np.ascontiguousarray(b)
@@ -237,7 +261,10 @@ def matmul(a, b, out=None, tiled=None):
     Np = -(-N // T) * T
     packs = small or M * K + K * N < (1 << 16)      # copies too small to split
     apk = _workspace("a", (Mp // _CB) * K * _CB)
-    (_pack_a.serial if packs else _pack_a)(a, apk, K)
+    if at is not None:
+        (_pack_at.serial if packs else _pack_at)(at, apk, K)
+    else:
+        (_pack_a.serial if packs else _pack_a)(a, apk, K)
     bpk = _workspace("b", (Np // T) * K * T)
     if bt is not None:
         (_pack_bt.serial if packs else _pack_bt)(bt, bpk, K, T)
