@@ -561,3 +561,52 @@ def _transpose_block(typingctx, src, s_off, lds, dst, d_off, ldd):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _make_interleave(R):
+    """Intrinsic ``(src, s_off, lds, dst, d_off)``: ``dst[d_off + c*R + r] =
+    src[s_off + r*lds + c]`` for ``r < R``, ``c < VW`` -- ``R`` rows of ``VW`` float64
+    interleaved column by column into ``R*VW`` contiguous values (the packed-panel order
+    of a GEMM's row block): ``R`` vector loads, one shuffle, contiguous stores; a copy, no
+    arithmetic.  1-D C-contiguous float64 arrays; the caller guarantees the addresses."""
+
+    @intrinsic
+    def interleave(typingctx, src, s_off, lds, dst, d_off):
+        if not (_accepts(f64=(src, dst), ints=(s_off, lds, d_off))):
+            return None
+        sig = types.void(src, types.int64, types.int64, dst, types.int64)
+
+        def codegen(context, builder, signature, args):
+            sa, so, ls, da, do = args
+            sd = _data(context, builder, signature.args[0], sa)
+            dd = _data(context, builder, signature.args[3], da)
+            i32 = llvm_ir.IntType(32)
+            ps = builder.gep(sd, [so])
+            rows = [builder.load(_vptr(builder, builder.gep(ps, [builder.mul(
+                llvm_ir.Constant(_I64, r), ls)]), 0), align=8) for r in range(R)]
+            # one R*VW-lane value: rows side by side (pairwise concatenation, an odd row
+            # padded with undefined lanes that the final mask never selects)
+            width = _VW
+            while len(rows) > 1:
+                if len(rows) % 2:
+                    rows.append(llvm_ir.Constant(rows[0].type, llvm_ir.Undefined))
+                mask = llvm_ir.Constant(llvm_ir.VectorType(i32, 2 * width),
+                                        list(range(2 * width)))
+                rows = [builder.shuffle_vector(rows[j], rows[j + 1], mask)
+                        for j in range(0, len(rows), 2)]
+                width *= 2
+            whole = rows[0]
+            # lane of (row r, column c) in ``whole``: rows were concatenated in a binary
+            # tree, so row r sits at r * VW
+            undef = llvm_ir.Constant(whole.type, llvm_ir.Undefined)
+            out = builder.shuffle_vector(whole, undef, llvm_ir.Constant(
+                llvm_ir.VectorType(i32, R * _VW), [r * _VW + c for c in range(_VW)
+                                                   for r in range(R)]))
+            pd = builder.bitcast(builder.gep(dd, [do]),
+                                 llvm_ir.VectorType(llvm_ir.DoubleType(), R * _VW).as_pointer())
+            builder.store(out, pd, align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return interleave

@@ -24,13 +24,14 @@ import numpy as np
 from numba import prange
 
 from ._jit import kernel
-from ._simd import _ROW_MAXV, _VW, _fma, _make_micro_acc, _transpose_block
+from ._simd import _ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block
 
 _CB = 6                     # rows of a per register block
 _KC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b (KC x T) fits L1
 _NC = 64 * _VW              # columns per parallel panel (512 on AVX-512, 256 on AVX2)
 _MC = 16 * _CB              # rows per parallel panel (96)
 
+_interleave6 = _make_interleave(_CB)
 _T = _ROW_MAXV * _VW         # widest register tile (32 columns on AVX-512, 8 on AVX2)
 _mv1 = _make_micro_acc(_CB, 1)
 _mv2 = _make_micro_acc(_CB, 2) if _ROW_MAXV >= 2 else _mv1
@@ -155,14 +156,21 @@ def _pack_bt(bt, bpk, K, T):
 @kernel
 def _pack_a(a, apk, K):
     """``a [M, K]`` -> ``apk [ceil(M/6), K, 6]`` (flat), zero rows past M; parallel over
-    blocks."""
+    blocks.  A full block's ``6 x VW`` pieces go through :func:`._simd._make_interleave`
+    (vector loads along the rows, contiguous stores); the edges element by element."""
     M = a.shape[0]
     nmb = apk.shape[0] // (K * _CB) if K > 0 else 0
+    flat = a.reshape(-1)
+    kfull = K - K % _VW
     for blk in prange(nmb):
-        for k in range(K):
+        m0 = blk * _CB
+        k1 = kfull if m0 + _CB <= M else 0
+        for k0 in range(0, k1, _VW):
+            _interleave6(flat, m0 * K + k0, K, apk, (blk * K + k0) * _CB)
+        for k in range(k1, K):
             base = (blk * K + k) * _CB
             for j in range(_CB):
-                m = blk * _CB + j
+                m = m0 + j
                 apk[base + j] = a[m, k] if m < M else 0.0
 
 
