@@ -12,12 +12,36 @@ import time: there are no eager signatures, so ``import hmath_dl`` stays fast.
   status) instead of raising inside compiled code.
 * never ``fastmath``: it reorders sums and drops NaN checks.
 
-A parallel kernel is a :class:`Kernel`: the ``parallel=True`` compilation plus its serial
-twin (the same Python function compiled without ``parallel``, built on first use).  In a
-child forked from a process whose threading layer is not fork-safe (see
-:mod:`hmath_dl._threads`) every call runs the twin, so forked workers never touch the
-parent's thread pool.  Both compilations sum in the same fixed order, so they give the
-same bits.
+A parallel kernel is a :class:`Kernel` (the ``parallel=True`` compilation plus its serial
+twin: the same Python function compiled without ``parallel``, built on first use) or a
+:class:`SpanKernel` (one serial helper run over all iterations, or under the generic
+``prange`` driver: see "Less to compile").  In a child forked from a process whose
+threading layer is not fork-safe (see :mod:`hmath_dl._threads`) every call runs the
+serial path, so forked workers never touch the parent's thread pool.  Both paths sum in
+the same fixed order, so they give the same bits.
+
+Serial or parallel: the one policy
+----------------------------------
+A parallel region splits its ``prange`` statically over the worker threads and waits for
+the slowest; on a shared machine that wait is a scheduler time slice (milliseconds) for
+a call that needs microseconds.  So calls with little work run the serial path:
+:meth:`Kernel.sized` ``(work)`` is the one place that chooses, with the threshold
+``SERIAL_WORK * scale`` work units (``HMATH_DL_SERIAL_WORK``, :mod:`hmath_dl.config`;
+``0`` makes every call parallel; :meth:`SpanKernel.run` applies the same rule).  A kernel
+declared with ``work=f`` chooses by itself on every call (``f(*args)`` its work); the
+others are parallel when called directly, and callers with their own work measure use
+``k.sized(work)(*args)``.
+
+Less to compile
+---------------
+Numba finalises every compiled function with the LLVM IR of everything it calls linked
+in, re-optimised and compiled to machine code again, and a ``parallel=True`` function is
+several such libraries (the ``prange`` body, two gufunc wrappers, the function): a large
+kernel body was compiled three to four times for its parallel compilation and once more
+for its twin.  A :class:`SpanKernel` is written as a serial helper over a span of
+iterations; its parallel path is the one generic driver :func:`_drive`, which calls the
+helper through its address (:func:`_call_span`), so the helper is compiled once for both
+paths, and a call with little work compiles nothing else.
 """
 
 import hashlib
@@ -28,14 +52,19 @@ import threading
 import time
 import types
 
-from numba import njit
+from numba import njit, prange
+from numba import typeof as nbtypeof
+from numba.core import types as nbtypes
+from numba.extending import intrinsic
 
 from .. import _threads
 
-__all__ = ["kernel", "helper", "Kernel", "CACHE_ENABLED", "compile_watch"]
+__all__ = ["kernel", "helper", "Kernel", "span_kernel", "SpanKernel", "CACHE_ENABLED",
+           "compile_watch"]
 
 from ..config import CACHE_ENABLED  # noqa: E402  (HMATH_DL_NO_CACHE)
 from ..config import QUIET  # noqa: E402  (HMATH_DL_QUIET)
+from ..config import SERIAL_WORK  # noqa: E402  (HMATH_DL_SERIAL_WORK)
 
 
 # --------------------------------------------------------------------------- cache key
@@ -243,18 +272,23 @@ def _jit(fn, parallel):
 
 
 class Kernel:
-    """A parallel kernel and its serial twin.
+    """A parallel kernel and its serial path.
 
     Calling it runs the ``parallel=True`` compilation, except in a child of an unsafe
-    fork, where it runs :attr:`serial`.  ``py_func`` is the Python function."""
+    fork, where it runs :attr:`serial`, and, when the kernel was declared with a ``work``
+    measure, for calls with less than :attr:`limit` work units (:meth:`sized`).
+    ``py_func`` is the Python function."""
 
-    __slots__ = ("parallel", "py_func", "_serial", "__name__", "__qualname__",
-                 "__wrapped__", "__dict__")
+    __slots__ = ("parallel", "py_func", "_serial", "work", "limit",
+                 "__name__", "__qualname__", "__wrapped__", "__dict__")
 
-    def __init__(self, fn):
+    def __init__(self, fn, work=None, scale=1):
         self.py_func = fn
         self.parallel = _jit(fn, parallel=True)
         self._serial = None
+        self.work = work
+        #: Calls with fewer work units than this run the serial path.
+        self.limit = SERIAL_WORK * scale
         self.__name__ = fn.__name__
         self.__qualname__ = fn.__qualname__
         self.__doc__ = fn.__doc__
@@ -262,7 +296,7 @@ class Kernel:
         self.__wrapped__ = fn
 
     @property
-    def serial(self):
+    def twin(self):
         """The serial compilation of the same function, under the name ``<name>_serial``
         (its own on-disk cache entry), built on first use."""
         if self._serial is None:
@@ -276,8 +310,24 @@ class Kernel:
             self._serial = _jit(g, parallel=False)
         return self._serial
 
+    @property
+    def serial(self):
+        """The serial path: the serial twin (:attr:`twin`).  Same arguments, same
+        results, same bits."""
+        return self.twin
+
+    def sized(self, work):
+        """The callable to run for a call of ``work`` units: the serial path below
+        :attr:`limit` (or always, in a child of an unsafe fork), else the parallel
+        compilation.  The one serial/parallel policy of the package."""
+        if _threads._SERIAL_ONLY or work < self.limit:
+            return self.serial
+        return self.parallel
+
     def __call__(self, *args):
         if _threads._SERIAL_ONLY:
+            return self.serial(*args)
+        if self.work is not None and self.work(*args) < self.limit:
             return self.serial(*args)
         return self.parallel(*args)
 
@@ -285,11 +335,184 @@ class Kernel:
         return f"<hmath_dl kernel {self.__module__}.{self.__name__}>"
 
 
-def kernel(fn):
-    """Decorate a parallel kernel (uses ``numba.prange``): returns a :class:`Kernel`."""
-    return Kernel(fn)
+def kernel(fn=None, *, work=None, scale=1):
+    """Decorate a parallel kernel (uses ``numba.prange``): returns a :class:`Kernel`.
+
+    ``@kernel`` or ``@kernel(work=..., scale=...)``: ``work(*args)`` is the call's work
+    (e.g. elements touched), compared with ``SERIAL_WORK * scale`` on every call (see
+    :meth:`Kernel.sized`); ``scale`` alone sets the threshold of :meth:`Kernel.sized`."""
+    if fn is None:
+        return lambda f: Kernel(f, work=work, scale=scale)
+    return Kernel(fn, work=work, scale=scale)
 
 
 def helper(fn):
     """Decorate a serial kernel or a helper called from other kernels."""
     return _jit(fn, parallel=False)
+
+
+# --------------------------------------------------------------------------- spans
+# A parallel kernel written as a serial "span" helper -- ``span(*args, t0, t1)`` does
+# the iterations ``t0 .. t1-1`` of a loop whose iterations are independent -- and ONE
+# generic ``prange`` driver, :func:`_drive`, that calls the span helper through its
+# native entry point's address (not as a linked callee).  Numba finalises every entry
+# point with the IR of everything it calls linked in, re-optimised and compiled to
+# machine code again, and a parallel function is several such entry points (its
+# thread-pool body and two wrappers): a large kernel body linked into a parfor is
+# compiled three to four times.  Called through its address, the span helper is
+# compiled once, for the serial path and the parallel one alike; the driver compiled
+# per argument-tuple type is a few dozen instructions.  Same machine code on both
+# paths, so the same bits.
+
+def _excinfo_ptr_t():
+    from numba.core import callconv
+    ptr = getattr(callconv, "excinfo_ptr_t", None)
+    if ptr is None:   # pragma: no cover - older spelling
+        from llvmlite import ir
+        ptr = ir.PointerType(callconv.excinfo_t)
+    return ptr
+
+
+@intrinsic
+def _stash(typingctx, args):
+    """``(address of a copy of the tuple args in this frame, TypeRef(args))``: what a
+    ``prange`` body needs to call a span helper, as two scalars (a tuple captured by the
+    body would become one gufunc parameter per element, each costing compile time)."""
+    if not isinstance(args, nbtypes.BaseTuple):
+        return None
+    retty = nbtypes.Tuple((nbtypes.intp, nbtypes.TypeRef(args)))
+
+    def codegen(context, builder, signature, llargs):
+        from numba.core import cgutils
+        (tup,) = llargs
+        slot = cgutils.alloca_once(builder, tup.type)
+        builder.store(tup, slot)
+        p = builder.ptrtoint(slot, context.get_value_type(nbtypes.intp))
+        return context.make_tuple(builder, retty, [p, context.get_dummy_value()])
+
+    return retty(args), codegen
+
+
+@intrinsic
+def _call_span(typingctx, addr, p, tref, t):
+    """``span(*args, t, t + 1)`` for the compiled span helper whose native entry point
+    (Numba's calling convention, returning None) is at the integer address ``addr``,
+    ``args`` the tuple of type ``tref`` stored at ``p`` (:func:`_stash`); the helper's
+    argument types are exactly ``args``' element types then two int64.  The caller keeps
+    ``args`` alive (no reference counts change)."""
+    if not (isinstance(addr, nbtypes.Integer) and isinstance(p, nbtypes.Integer)
+            and isinstance(tref, nbtypes.TypeRef)
+            and isinstance(tref.instance_type, nbtypes.BaseTuple)
+            and isinstance(t, nbtypes.Integer)):
+        return None
+    args = tref.instance_type
+
+    def codegen(context, builder, signature, llargs):
+        from llvmlite import ir
+        from numba.core import cgutils
+        addr_v, p_v, _, t_v = llargs
+        i64 = nbtypes.int64
+        argtys = list(args.types) + [i64, i64]
+        tup_ptr = builder.inttoptr(p_v, context.get_value_type(args).as_pointer())
+        tup_v = builder.load(tup_ptr)
+        t0 = context.cast(builder, t_v, t, i64)
+        t1 = builder.add(t0, ir.Constant(t0.type, 1))
+        vals = [builder.extract_value(tup_v, k) for k in range(len(args.types))] + [t0, t1]
+        fnty = context.call_conv.get_function_type(nbtypes.none, argtys)
+        fnptr = builder.inttoptr(context.cast(builder, addr_v, addr, nbtypes.intp),
+                                 fnty.as_pointer())
+        retty = context.data_model_manager[nbtypes.none].get_return_type()
+        retptr = cgutils.alloca_once(builder, retty)
+        builder.store(cgutils.get_null_value(retty), retptr)
+        excinfo = cgutils.alloca_once(builder, _excinfo_ptr_t(), name="excinfo")
+        packed = list(context.get_arg_packer(argtys).as_arguments(builder, vals))
+        code = builder.call(fnptr, [retptr, excinfo] + packed)
+        try:
+            status = context.call_conv._get_return_status(builder, code,
+                                                          builder.load(excinfo))
+        except TypeError:   # pragma: no cover - a numba whose status takes no excinfo
+            status = context.call_conv._get_return_status(builder, code)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return nbtypes.none(addr, p, tref, t), codegen
+
+
+def _drive(args, n, addr):
+    """``span(*args, t, t + 1)`` for every ``t`` in ``prange(n)`` (the span helper at
+    ``addr``, see :func:`_call_span`): the one parallel driver of every span kernel."""
+    p, tref = _stash(args)
+    for t in prange(n):
+        _call_span(addr, p, tref, t)
+
+
+_drive = _jit(_drive, parallel=True)
+
+
+class SpanKernel:
+    """A parallel kernel made of a serial span helper (``span(*args, t0, t1)``: the
+    independent iterations ``t0 .. t1-1``) and the generic driver :func:`_drive`.
+
+    :meth:`run` ``(n, work, *args)`` runs the ``n`` iterations: the span helper over all
+    of them in one call for little ``work`` (below ``SERIAL_WORK * scale``, or always in
+    a child of an unsafe fork: the policy of :meth:`Kernel.sized`), else ``prange`` over
+    them, each calling the helper through its address.  A small call compiles only the
+    helper; a large one adds the tiny driver.  Called as ``k(*args)`` (or
+    ``k.sized(work)(*args)``) it is used like a :class:`Kernel`: ``iterations(*args)``
+    gives ``n`` and ``work(*args)`` the work (without ``work``: parallel)."""
+
+    def __init__(self, span, iterations=None, work=None, scale=1):
+        self.span = span
+        self.iterations = iterations
+        self.work = work
+        #: Calls with fewer work units than this run the span helper serially.
+        self.limit = SERIAL_WORK * scale
+        self._addr = {}
+        self.__name__ = span.py_func.__name__
+        self.__doc__ = span.py_func.__doc__
+        self.__module__ = span.py_func.__module__
+
+    def address(self, args):
+        """The native entry point of the span helper for the argument tuple ``args``
+        (compiled for those types first if needed)."""
+        argtys = nbtypeof(args).types
+        addr = self._addr.get(argtys)
+        if addr is None:
+            sig = tuple(argtys) + (nbtypes.int64, nbtypes.int64)
+            self.span.compile(sig)
+            cres = self.span.overloads[sig]
+            if cres.signature.return_type != nbtypes.none:
+                raise TypeError(f"{self.__name__}: a span helper returns None")
+            addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+            self._addr[argtys] = addr
+        return addr
+
+    def run(self, n, work, *args):
+        """Run iterations ``0 .. n-1`` of the span helper on ``args`` (serially for less
+        than ``limit`` work units)."""
+        if n <= 0:
+            return
+        if _threads._SERIAL_ONLY or work < self.limit or n == 1:
+            self.span(*args, 0, n)
+        else:
+            _drive(args, n, self.address(args))
+
+    def sized(self, work):
+        """A callable running ``k(*args)`` with the given ``work`` (see :meth:`run`)."""
+        return lambda *args: self.run(self.iterations(*args), work, *args)
+
+    def __call__(self, *args):
+        work = self.work(*args) if self.work is not None else self.limit
+        self.run(self.iterations(*args), work, *args)
+
+    def __repr__(self):
+        return f"<hmath_dl span kernel {self.__module__}.{self.__name__}>"
+
+
+def span_kernel(iterations=None, work=None, scale=1):
+    """Decorate a serial span helper ``span(*args, t0, t1)`` (the independent
+    iterations ``t0 .. t1-1``, returning None): returns a :class:`SpanKernel`;
+    ``iterations(*args)`` the number of iterations, ``work(*args)`` a call's work in
+    units of ``SERIAL_WORK * scale``."""
+    return lambda fn: SpanKernel(_jit(fn, parallel=False), iterations, work, scale)

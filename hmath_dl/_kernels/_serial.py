@@ -22,4 +22,4 @@ from ..config import SERIAL_WORK  # noqa: E402
 
 def serial_twin(k):
     """The serial compilation of the parallel kernel ``k`` (a :class:`~._jit.Kernel`)."""
-    return k.serial
+    return k.twin
