@@ -58,8 +58,14 @@ import numba
 from numba import prange
 
 from . import _cpu
-from ._jit import helper, kernel
+from ._jit import helper, kernel, span_kernel
 from ._plan import forcing
+
+#: A convolution's work is its multiply-add count, about 16 of them per element of a
+#: memory-bound kernel's work: the serial threshold of the convolution kernels is
+#: ``SERIAL_WORK * 16`` multiply-adds (~0.2 ms on one core; padding/splitting copies
+#: count elements).
+_FMA_PER_ELEMENT = 16
 
 _CB = 4      # output channels computed together (one x load feeds _CB accumulators)
 _SEG = 1024   # output positions per accumulator segment (_CB x _SEG accumulators: 32 KiB)
@@ -340,42 +346,14 @@ def _fill_window(xb, shape, n, c0, Cg, od, oh0, nr, pads, strides, ud, uh, uw, K
     return m != _EXP_BITS
 
 
-@kernel
-def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv, offs, maxoff,
-                      bias, has_bias, Cog, rows_per_it, out):
-    """Grouped cross-correlation computed at stride 1 (on the input or on its stride
-    phases), output row by output row: the same sums as
-    :func:`conv_forward_tiled` (terms kk = ci' * KT + tap in order, one fused multiply-add
-    each from 0.0, then the bias), but every tile is up to 32 positions of ONE output row,
-    so the micro-kernel (:func:`_make_micro_store`, 6 channels -- or 4 for a group's last
-    block of at most 4 -- x 8/16/24/32 positions) stores its accumulators straight into
-    ``out``: no "wide" positions past OW are computed and nothing is scattered.  Row
-    remainders of fewer than 8 positions go through the channel-vector micro-kernel
-    (:func:`_make_micro_cv`, one position, all channels of the group) with ``wcv [G, K,
-    WS]`` (WS = Cog rounded up to 8; empty when OW is a multiple of 8); tiles whose
-    vector loads would run past the input (and remainders without ``wcv``) take the
-    scalar chain.
-
-    Two input modes, the same bits:
-
-    * ``R == 0``: ``x [N, Cin', Dp, Hp, Wp]`` is the zero-padded input or its stride
-      phases laid out by :func:`pad_split` (``pads`` zeros, ``strides`` ones, the
-      residues and ``Wr`` unused) and ``offs [G, K]`` the term offsets in it (channel base
-      of the group included);
-    * ``R > 0`` (fused windows): ``x [N, Cin, D, H, W]`` is the unpadded input, ``pads``
-      its padding, ``strides`` the strides and ``ud``/``uh``/``uw`` the stride residues
-      that are read; every iteration copies the window its rows read (``Cin/G`` channels
-      x the used phases x ``KDe`` depth slices x ``R`` rows of ``Wr`` elements,
-      :func:`_fill_window`) into a private buffer, where term kk sits at ``loffs[kk]``
-      (see :func:`_window_geometry`).
-
-    ``wpk`` weights packed ``[G, nblk, K, 6]``, ``maxoff [G]`` the largest of ``offs[g]``,
-    ``bias`` of length Cout (zeros when ``has_bias`` is False), ``out [N, Cout, OD, OH,
-    OW]``.  Parallel over (batch item, group, output depth, run of ``rows_per_it`` output
-    rows).  Returns ``(outputs finite, inputs finite)``: the first checked as the outputs
-    are stored; the second, with fused windows, over the copied input elements (all of
-    them when :func:`_window_geometry` says the windows cover the input), else True."""
-    N, Cin = x.shape[0], x.shape[1]
+@span_kernel(scale=_FMA_PER_ELEMENT)
+def _rows_span(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv, offs, maxoff, bias,
+               has_bias, Cog, rows_per_it, out, finite, xin, t0, t1):
+    """Iterations ``t0 .. t1-1`` of :func:`conv_forward_rows` (its arguments, then the
+    per-iteration verdict arrays ``finite``/``xin``, written at ``t``, then the span):
+    the whole computation, serial (a :class:`~._jit.SpanKernel`: the parallel path runs
+    the iterations under ``prange``, one call each)."""
+    Cin = x.shape[1]
     Dp, Hp, Wp = x.shape[2], x.shape[3], x.shape[4]
     Cout, OD, OH, OW = out.shape[1], out.shape[2], out.shape[3], out.shape[4]
     G, K = offs.shape
@@ -394,10 +372,8 @@ def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv,
         lmax = max(lmax, loffs[kk])
     P = ud.shape[0] * uh.shape[0] * uw.shape[0]
     bufsize = Cg * P * KDe * R * Wr + _ROW_SLACK if fused else 0
-    finite = np.ones(N * G * OD * nih, dtype=np.bool_)
-    xin = np.ones(N * G * OD * nih, dtype=np.bool_)
     xbits = xf.view(np.uint64)
-    for t in prange(N * G * OD * nih):
+    for t in range(t0, t1):
         ih = t % nih
         r = t // nih
         od = r % OD
@@ -493,6 +469,55 @@ def conv_forward_rows(x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv,
                                 ok &= np.isfinite(v)
                     c += cw if V == 0 else V * _VW
         finite[t] = ok
+
+
+
+
+
+def conv_forward_rows(fmas, x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv, offs,
+                      maxoff, bias, has_bias, Cog, rows_per_it, out):
+    """Grouped cross-correlation computed at stride 1 (on the input or on its stride
+    phases), output row by output row: the same sums as
+    :func:`conv_forward_tiled` (terms kk = ci' * KT + tap in order, one fused multiply-add
+    each from 0.0, then the bias), but every tile is up to 32 positions of ONE output row,
+    so the micro-kernel (:func:`_make_micro_store`, 6 channels -- or 4 for a group's last
+    block of at most 4 -- x 8/16/24/32 positions) stores its accumulators straight into
+    ``out``: no "wide" positions past OW are computed and nothing is scattered.  Row
+    remainders of fewer than 8 positions go through the channel-vector micro-kernel
+    (:func:`_make_micro_cv`, one position, all channels of the group) with ``wcv [G, K,
+    WS]`` (WS = Cog rounded up to 8; empty when OW is a multiple of 8); tiles whose
+    vector loads would run past the input (and remainders without ``wcv``) take the
+    scalar chain.
+
+    Two input modes, the same bits:
+
+    * ``R == 0``: ``x [N, Cin', Dp, Hp, Wp]`` is the zero-padded input or its stride
+      phases laid out by :func:`pad_split` (``pads`` zeros, ``strides`` ones, the
+      residues and ``Wr`` unused) and ``offs [G, K]`` the term offsets in it (channel base
+      of the group included);
+    * ``R > 0`` (fused windows): ``x [N, Cin, D, H, W]`` is the unpadded input, ``pads``
+      its padding, ``strides`` the strides and ``ud``/``uh``/``uw`` the stride residues
+      that are read; every iteration copies the window its rows read (``Cin/G`` channels
+      x the used phases x ``KDe`` depth slices x ``R`` rows of ``Wr`` elements,
+      :func:`_fill_window`) into a private buffer, where term kk sits at ``loffs[kk]``
+      (see :func:`_window_geometry`).
+
+    ``wpk`` weights packed ``[G, nblk, K, 6]``, ``maxoff [G]`` the largest of ``offs[g]``,
+    ``bias`` of length Cout (zeros when ``has_bias`` is False), ``out [N, Cout, OD, OH,
+    OW]``.  Parallel over (batch item, group, output depth, run of ``rows_per_it`` output
+    rows).  Returns ``(outputs finite, inputs finite)``: the first checked as the outputs
+    are stored; the second, with fused windows, over the copied input elements (all of
+    them when :func:`_window_geometry` says the windows cover the input), else True.
+
+    Plain Python around the span helper :func:`_rows_span`: ``fmas`` (the call's
+    multiply-add count) chooses the serial or the parallel path
+    (:meth:`~._jit.SpanKernel.run`)."""
+    OD, OH = out.shape[2], out.shape[3]
+    n = x.shape[0] * offs.shape[0] * OD * ((OH + rows_per_it - 1) // rows_per_it)
+    finite = np.ones(n, dtype=np.bool_)
+    xin = np.ones(n, dtype=np.bool_)
+    _rows_span.run(n, fmas, x, pads, strides, ud, uh, uw, R, KDe, Wr, loffs, wpk, wcv, offs,
+                   maxoff, bias, has_bias, Cog, rows_per_it, out, finite, xin)
     return finite.all(), xin.all()
 
 
@@ -501,7 +526,7 @@ _pair_6x1 = _make_micro_pair(6, 1)   # 6 channels x 16 outputs
 _PAIR_VL = 2 * _VW                          # outputs per vector pair of the two phases
 
 
-@kernel
+@kernel(scale=_FMA_PER_ELEMENT)
 def conv_transpose_rows(xf, xstride, wpk, wcv, offs, maxoff, ph_a, ph_b, row_h, row_o, row_x,
                         bias, has_bias, Cog, groups, OW, rows_per_it, out):
     """Transposed convolution with stride 2 along W, output row by output row, both W
@@ -592,8 +617,40 @@ def conv_transpose_rows(xf, xstride, wpk, wcv, offs, maxoff, ph_a, ph_b, row_h, 
     return finite.all()
 
 
-@kernel
-def conv_forward_tiled(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst, out):
+@span_kernel(scale=_FMA_PER_ELEMENT)
+def _tiled_span(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst, out, bad,
+                t0, t1):
+    """Iterations ``t0 .. t1-1`` of :func:`conv_forward_tiled` (its arguments, then
+    ``bad``, the number of non-finite outputs of each iteration, written at ``t``)."""
+    G, K = offs.shape
+    total = dst.shape[1]
+    nrow = dst.shape[0]
+    nblk = (Cog + CB - 1) // CB
+    VL = _WIDE_VL8 if CB == 8 else _WIDE_VL4
+    ntiles = (total + VL - 1) // VL
+    nit = (ntiles + _TILES_PER_ITER - 1) // _TILES_PER_ITER
+    for t in range(t0, t1):
+        it = t % nit
+        n = t // nit
+        acc = np.empty(CB * VL)
+        nbad = 0
+        # block by block, then tile by tile: one block's packed weights stay cached while
+        # the iteration's tiles stream past them (deep channels: all blocks' weights would
+        # not fit in L2)
+        for b in range(nblk):
+            for tile in range(it * _TILES_PER_ITER, min(ntiles, (it + 1) * _TILES_PER_ITER)):
+                p0 = tile * VL
+                ln = min(VL, total - p0)
+                xbase = n * xstride + p0
+                for g in range(G):
+                    nbad += _tile_group(xf, xbase, offs[g], dst[g % nrow], maxoff[g], wpk, g,
+                                        nblk, b, K, CB, VL, p0, ln, bias, has_bias, Cog,
+                                        ochan[g], acc, out[n])
+        bad[t] = nbad
+
+
+def conv_forward_tiled(fmas, xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan,
+                       dst, out):
     """Stride-1 cross-correlation through the register-tiled micro-kernel, in "wide"
     layout: for every batch item ``n`` and term group ``g`` (a channel group of a grouped
     convolution, or a phase of a transposed one):
@@ -613,35 +670,15 @@ def conv_forward_tiled(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, 
     Parallel over (batch item, run of tiles); every tile runs all term groups in turn, so
     the phases of a transposed convolution, which interleave in the output, fill each
     output cache line while it is hot.  A tile whose vector loads would run past the end
-    of ``xf`` is computed by the equivalent scalar chain."""
-    N = out.shape[0]
-    G, K = offs.shape
-    total = dst.shape[1]
-    nrow = dst.shape[0]
-    nblk = (Cog + CB - 1) // CB
+    of ``xf`` is computed by the equivalent scalar chain.  Plain Python around the span
+    helper :func:`_tiled_span`; ``fmas`` (the multiply-add count) chooses the serial or
+    the parallel path (:meth:`~._jit.SpanKernel.run`)."""
     VL = _WIDE_VL8 if CB == 8 else _WIDE_VL4
-    ntiles = (total + VL - 1) // VL
-    nit = (ntiles + _TILES_PER_ITER - 1) // _TILES_PER_ITER
-    bad = np.zeros(N * nit, dtype=np.int64)
-    for t in prange(N * nit):
-        it = t % nit
-        n = t // nit
-        acc = np.empty(CB * VL)
-        nbad = 0
-        # block by block, then tile by tile: one block's packed weights stay cached while
-        # the iteration's tiles stream past them (deep channels: all blocks' weights would
-        # not fit in L2)
-        for b in range(nblk):
-            for tile in range(it * _TILES_PER_ITER, min(ntiles, (it + 1) * _TILES_PER_ITER)):
-                p0 = tile * VL
-                ln = min(VL, total - p0)
-                xbase = n * xstride + p0
-                for g in range(G):
-                    nbad += _tile_group(xf, xbase, offs[g], dst[g % nrow], maxoff[g], wpk, g,
-                                        nblk, b, K, CB, VL, p0, ln, bias, has_bias, Cog,
-                                        ochan[g], acc, out[n])
-        bad[t] = nbad
-    return bad.sum()
+    nit = ((dst.shape[1] + VL - 1) // VL + _TILES_PER_ITER - 1) // _TILES_PER_ITER
+    bad = np.zeros(out.shape[0] * nit, dtype=np.int64)
+    _tiled_span.run(bad.shape[0], fmas, xf, xstride, wpk, offs, maxoff, CB, bias, has_bias,
+                    Cog, ochan, dst, out, bad)
+    return int(bad.sum())
 
 
 @helper
@@ -753,18 +790,21 @@ def _launch_tiled(xp, wpk, Cog, geo, bias, has_bias, out5, fmas):
     N = xp.shape[0]
     xstride = xp.size // N if N else 0
     out3 = out5.reshape(out5.shape[:2] + (-1,))
-    return 0 == _sized(conv_forward_tiled, conv_forward_tiled_serial, fmas, _SERIAL_FMA)(
-        xp.reshape(-1), xstride, wpk, offs, maxoff, _tile_cb(Cog), bias, has_bias, Cog, ochan,
+    return 0 == conv_forward_tiled(
+        fmas, xp.reshape(-1), xstride, wpk, offs, maxoff, _tile_cb(Cog), bias, has_bias, Cog, ochan,
         dst, out3)
 
 
-@kernel
-def pad_input(x, pd, ph, pw, out):
+@span_kernel(iterations=lambda x, pd, ph, pw, out: x.shape[0] * x.shape[1],
+             work=lambda x, pd, ph, pw, out: out.size)
+def pad_input(x, pd, ph, pw, out, t0, t1):
     """out[n, c] = x[n, c] placed at offset (pd, ph, pw) in zeros (out preallocated, at
-    least as large as x plus the offsets on every axis); every element written once."""
+    least as large as x plus the offsets on every axis); every element written once.
+    A span kernel over the (n, c) planes (``t = n*C + c``, ``t0 .. t1-1``): called as
+    ``pad_input(x, pd, ph, pw, out)``."""
     N, C, D, H, W = x.shape
     Dp, Hp, Wp = out.shape[2], out.shape[3], out.shape[4]
-    for t in prange(N * C):
+    for t in range(t0, t1):
         n = t // C
         c = t % C
         for d in range(Dp):
@@ -785,7 +825,7 @@ def pad_input(x, pd, ph, pw, out):
                         row[w] = 0.0
 
 
-@kernel
+@kernel(work=lambda x, pd, ph, pw, sd, sh, sw, ud, uh, uw, out: out.size)
 def pad_split(x, pd, ph, pw, sd, sh, sw, ud, uh, uw, out):
     """Zero-pad ``x [N, C, D, H, W]`` by (pd, ph, pw) on both sides and split every axis
     into the stride phases that are used (residues ``ud``/``uh``/``uw``, int64 arrays):
@@ -846,7 +886,7 @@ def _used_residues(K, s, d):
     return tuple(tuple(sorted({(k * d[a]) % s[a] for k in range(K[a])})) for a in range(3))
 
 
-@kernel
+@kernel(scale=_FMA_PER_ELEMENT)
 def conv_forward(xp, w, bias, has_bias, groups, sd, sh, sw, dd, dh, dw, out):
     """Direct grouped cross-correlation of the zero-padded input ``xp [N, Cin, Dp, Hp, Wp]``
     with ``w [Cout, Cin/groups, KD, KH, KW]`` into ``out [N, Cout, OD, OH, OW]``:
@@ -1119,15 +1159,15 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
         R, KDe, Wr, used, loffs, offs, maxoff, covers = _window_geometry(
             S, K3, s, d, pads, out5.shape[2:], groups, Cg, rpi)
         if Cg * len(used[0]) * len(used[1]) * len(used[2]) * KDe * R * Wr <= _FUSE_WINDOW:
-            ok, x_ok = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
-                x5, np.array(pads, dtype=np.int64), np.array(s, dtype=np.int64), *used, R, KDe,
+            ok, x_ok = conv_forward_rows(
+                fmas, x5, np.array(pads, dtype=np.int64), np.array(s, dtype=np.int64), *used, R, KDe,
                 Wr, loffs, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
                 _cv_weights(w5.reshape(Cout, -1), groups, OW), offs, maxoff, bvec, has_bias,
                 Cog, rpi, out5)
             return bool(ok), (bool(x_ok) if covers else None)
         path = "rows"
     if path == "generic":
-        _sized(conv_forward, conv_forward_serial, fmas, _SERIAL_FMA)(
+        conv_forward.sized(fmas)(
             _padded(x5, pads), w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return None, None
     x_ok = None
@@ -1137,7 +1177,7 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
         P = len(used[0]) * len(used[1]) * len(used[2])
         grid = tuple(-(-(S[a] + 2 * pads[a]) // s[a]) for a in range(3))
         xp = np.empty((x5.shape[0], x5.shape[1] * P) + grid, dtype=np.float64)
-        copied = _sized(pad_split, pad_split_serial, xp.size, SERIAL_WORK)(
+        copied = pad_split(
             x5, pads[0], pads[1], pads[2], s[0], s[1], s[2],
             *(np.asarray(u, dtype=np.int64) for u in used), xp)
         # every residue used: the split copied (and checked) every element of x
@@ -1147,8 +1187,8 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     geo = _forward_geometry(xp.shape[2:], K3, d, groups, Cg, Cog, out5.shape[2:], s)
     if path == "rows":
         # row tiles stored straight into the output
-        ok, _ = _sized(conv_forward_rows, conv_forward_rows_serial, fmas, _SERIAL_FMA)(
-            xp, _ZEROS3, _ONES3, _ZEROS1, _ZEROS1, _ZEROS1, 0, 1, xp.shape[4], _NO_OFFS,
+        ok, _ = conv_forward_rows(
+            fmas, xp, _ZEROS3, _ONES3, _ZEROS1, _ZEROS1, _ZEROS1, 0, 1, xp.shape[4], _NO_OFFS,
             _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
             _cv_weights(w5.reshape(Cout, -1), groups, OW), geo[0], geo[1], bvec, has_bias, Cog,
             rpi, out5)
@@ -1177,8 +1217,7 @@ def _padded(x5, pads):
     xp = np.empty(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * pads[a] for a in range(3)),
                   dtype=np.float64)
     if xp.size:
-        _sized(pad_input, pad_input_serial, xp.size, SERIAL_WORK)(x5, pads[0], pads[1], pads[2],
-                                                                 xp)
+        pad_input(x5, pads[0], pads[1], pads[2], xp)
     return xp
 
 
@@ -1340,14 +1379,14 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     if widx is None:
         return (out, None) if report_finite else out
     xpad = np.empty((N, Cin) + hi, dtype=np.float64)
-    _sized(pad_input, pad_input_serial, xpad.size, SERIAL_WORK)(x5, lo[0], lo[1], lo[2], xpad)
+    pad_input(x5, lo[0], lo[1], lo[2], xpad)
     fmas = out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2])
     wext = np.append(w5.reshape(-1), 0.0)
     if pair is not None:
         # stride 2 along W: whole output rows, both W phases interleaved in every vector
         ph_a, ph_b, row_h, row_o, row_x, wpair, wcv = pair
         offs, maxoff = geo[0], geo[1]
-        finite = bool(_sized(conv_transpose_rows, conv_transpose_rows_serial, fmas, _SERIAL_FMA)(
+        finite = bool(conv_transpose_rows.sized(fmas)(
             xpad.reshape(-1), xpad.size // N, wext.take(wpair), wext.take(wcv), offs, maxoff,
             ph_a, ph_b, row_h,
             row_o, row_x, b if has_bias else np.zeros(Cout), has_bias, Cog, groups, O[2],
@@ -1535,7 +1574,7 @@ def _conv_transpose_windows(x5, w5, b, has_bias, s, p, d, O, groups, out, out5):
                            lo[2] + so[2]:hi[2] + so[2]]
     bb = np.tile(b, nph) if has_bias else b
     part = np.empty((N, nph * Cout) + tuple(C), dtype=np.float64)
-    _sized(conv_forward, conv_forward_serial, part.size * wall[0].size, _SERIAL_FMA)(
+    conv_forward.sized(part.size * wall[0].size)(
         xw, wall, bb, has_bias, nph * groups, 1, 1, 1, dm[0], dm[1], dm[2], part)
     for ph, rr in enumerate(phases):
         cnt = [count[a][rr[a]] for a in range(3)]
@@ -1572,23 +1611,3 @@ def conv_weight_grad_nd(x, gy, kernel_shape, stride, padding, dilation, groups, 
         conv_weight_grad(xp, _as5(gy), int(groups), s[0], s[1], s[2], d[0], d[1], d[2],
                          out.reshape((Cout, Cin // int(groups)) + K))
     return out
-
-
-# serial twins (the same functions compiled without threads) for small calls: see
-# _serial.py.  A convolution's work is its multiply-add count; padding/splitting copies
-# count elements.
-from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
-
-_SERIAL_FMA = SERIAL_WORK * 16      # ~0.2 ms of multiply-adds on one core
-
-pad_input_serial = serial_twin(pad_input)
-pad_split_serial = serial_twin(pad_split)
-conv_forward_serial = serial_twin(conv_forward)
-conv_forward_rows_serial = serial_twin(conv_forward_rows)
-conv_forward_tiled_serial = serial_twin(conv_forward_tiled)
-conv_transpose_rows_serial = serial_twin(conv_transpose_rows)
-
-
-def _sized(kernel_, serial, work, limit):
-    """``kernel_`` or its serial twin ``serial`` for ``work`` units (limit: see above)."""
-    return serial if work < limit else kernel_
