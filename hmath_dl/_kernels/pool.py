@@ -29,7 +29,7 @@ depend on the thread count.
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import helper, kernel, span_kernel
 
 
 @helper
@@ -110,27 +110,26 @@ def _reduce_cols(src, lo, hi, step, is_max, dst):
                         d[k] += s[k]
 
 
-@kernel
-def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d, st_h, st_w, cn_d, cn_h, cn_w,
-               is_max, out):
-    """Max or average of every window box of ``x [N, C, D, H, W]`` into
-    ``out [N, C, OD, OH, OW]`` (see module docstring).  Along each axis output ``i`` reads
-    the positions ``lo[i], lo[i] + st, ... < hi[i]`` (``st`` the dilation); the average
-    divides the box sum by the integer ``cn_d[od] * cn_h[oh] * cn_w[ow]``.
+def _pool_chunks(x):
+    """Chunks of (n, c) planes of :func:`pool_boxes` (a fixed number: the scratch is
+    allocated once per chunk)."""
+    return min(x.shape[0] * x.shape[1], 256)
 
-    Returns a status: the number of (n, c) planes whose input holds a NaN/inf or whose
-    output is not finite (0 when all is well); the caller turns it into an error.  (The
-    input check rides on the plane being hot in cache, so the facade need not scan x
-    beforehand.)"""
-    N, C, D, H, W = x.shape
+
+@span_kernel()
+def _pool_span(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d, st_h, st_w, cn_d, cn_h, cn_w,
+               is_max, out, bads, ch0, ch1):
+    """The work of :func:`pool_boxes` on the chunks ``ch0 .. ch1-1`` of its (n, c) planes
+    (:func:`_pool_chunks` contiguous chunks of the flat plane index ``t = n*C + c``),
+    with one scratch allocation: ``bads[ch]`` = how many planes of chunk ``ch`` have a
+    NaN/inf input or a non-finite output."""
+    C, D, H, W = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
     OD, OH, OW = out.shape[2], out.shape[3], out.shape[4]
-    P = N * C
-    # planes in a fixed number of contiguous chunks, scratch allocated once per chunk
+    P = x.shape[0] * C
     nch = min(P, 256)
-    bads = np.zeros(nch, dtype=np.int64)
-    for ch in prange(nch):
-        buf1 = np.empty((OD, H, W))
-        t2 = np.empty((OD, OH, W))
+    buf1 = np.empty((OD, H, W))
+    t2 = np.empty((OD, OH, W))
+    for ch in range(ch0, ch1):
         bad = 0
         for t in range(ch * P // nch, (ch + 1) * P // nch):
             n = t // C
@@ -139,12 +138,12 @@ def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d, st_h, st_w, cn_d, cn
             o = out[n, c]
             # D, then H (both vectorised along contiguous rows), then W on the smallest array
             if D == 1 and OD == 1 and lo_d[0] < hi_d[0]:   # the only D window is [0, 1)
-                t1 = plane
+                t1_ = plane
             else:
-                t1 = buf1
+                t1_ = buf1
                 _reduce_cols(plane.reshape((1, D, H * W)), lo_d, hi_d, st_d, is_max,
-                             t1.reshape((1, OD, H * W)))
-            _reduce_cols(t1, lo_h, hi_h, st_h, is_max, t2)
+                             t1_.reshape((1, OD, H * W)))
+            _reduce_cols(t1_, lo_h, hi_h, st_h, is_max, t2)
             _reduce_rows(t2.reshape((OD * OH, W)), lo_w, hi_w, st_w, is_max,
                          o.reshape((OD * OH, OW)))
             if not is_max:
@@ -168,13 +167,28 @@ def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d, st_h, st_w, cn_d, cn
             if nbad != 0:
                 bad += 1
         bads[ch] = bad
-    total = 0
-    for ch in range(nch):
-        total += bads[ch]
-    return total
 
 
-@kernel
+def pool_boxes(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d, st_h, st_w, cn_d, cn_h, cn_w,
+               is_max, out):
+    """Max or average of every window box of ``x [N, C, D, H, W]`` into
+    ``out [N, C, OD, OH, OW]`` (see module docstring).  Along each axis output ``i`` reads
+    the positions ``lo[i], lo[i] + st, ... < hi[i]`` (``st`` the dilation); the average
+    divides the box sum by the integer ``cn_d[od] * cn_h[oh] * cn_w[ow]``.
+
+    Returns a status: the number of (n, c) planes whose input holds a NaN/inf or whose
+    output is not finite (0 when all is well); the caller turns it into an error.  (The
+    input check rides on the plane being hot in cache, so the facade need not scan x
+    beforehand.)  Plain Python around the span helper :func:`_pool_span`, parallel over
+    a fixed number of contiguous chunks of planes; calls on fewer than ``SERIAL_WORK``
+    input elements run it serially (:meth:`~._jit.SpanKernel.run`)."""
+    bads = np.zeros(_pool_chunks(x), dtype=np.int64)
+    _pool_span.run(bads.shape[0], x.size, x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d, st_h,
+                   st_w, cn_d, cn_h, cn_w, is_max, out, bads)
+    return int(bads.sum())
+
+
+@kernel(work=lambda x, is_max, out: x.size)
 def global_pool(x, is_max, out):
     """Global max or average of every plane of ``x [P, D, H, W]`` into ``out [P]``: the
     same numbers as :func:`pool_boxes` with whole-axis boxes (reduce along D, then H,
@@ -361,8 +375,7 @@ def pool_box_nd(x, axes, is_max, out):
     reads ``lo[i], lo[i] + step, ... < hi[i]`` (an empty range only for sums: 0) and the
     average divides by the product of the axes' ``count`` entries."""
     if out.size:
-        fn = pool_boxes_serial if x.size < SERIAL_WORK else pool_boxes
-        return int(fn(_as5(x), *boxes3(axes), bool(is_max), _out5(out)))
+        return int(pool_boxes(_as5(x), *boxes3(axes), bool(is_max), _out5(out)))
     return 0
 
 
@@ -389,15 +402,3 @@ def adaptive_bounds(size, count):
     lo = (i * size) // count
     hi = -((-(i + 1) * size) // count)
     return lo, hi
-
-
-# serial twins (same functions compiled without threads) for small calls: see _serial.py
-from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
-
-pool_boxes_serial = serial_twin(pool_boxes)
-global_pool_serial = serial_twin(global_pool)
-
-
-def sized_global_pool(n):
-    """``global_pool`` or its serial twin for an input of ``n`` elements."""
-    return global_pool_serial if n < SERIAL_WORK else global_pool

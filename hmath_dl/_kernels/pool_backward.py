@@ -110,19 +110,11 @@ def box_pool_backward_unit(x, g, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, cn_d, cn_h,
 
 def pool_backward_nd(x5, g5, args, is_max, dx5):
     """Run the backward kernel (``args`` = :func:`~hmath_dl._kernels.pool.boxes3`), the
-    unit-step variant when every step is 1, serial twins for small calls."""
+    unit-step variant when every step is 1, serial twins for small calls
+    (:meth:`~._jit.Kernel.sized`)."""
     n = dx5.size
     if args[6] == 1 and args[7] == 1 and args[8] == 1:
-        fn = sized(box_pool_backward_unit, n)
+        fn = box_pool_backward_unit.sized(n)
         fn(x5, g5, *args[:6], *args[9:], bool(is_max), dx5)
     else:
-        sized(box_pool_backward, n)(x5, g5, *args, bool(is_max), dx5)
-
-
-# serial twin for small calls (see _serial.py)
-from ._serial import SERIAL_WORK  # noqa: E402
-
-
-def sized(kernel_fn, n):
-    """``kernel_fn`` or its serial twin for a call touching ``n`` elements."""
-    return kernel_fn.serial if n < SERIAL_WORK else kernel_fn
+        box_pool_backward.sized(n)(x5, g5, *args, bool(is_max), dx5)

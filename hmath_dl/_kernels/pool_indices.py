@@ -71,12 +71,3 @@ def max_unpool(values, indices, out):
         ix = indices[p]
         for i in range(L):
             o[ix[i]] = v[i]
-
-
-# serial twins for small calls (see _serial.py)
-from ._serial import SERIAL_WORK  # noqa: E402
-
-
-def sized(kernel_fn, n):
-    """``kernel_fn`` or its serial twin for a call touching ``n`` elements."""
-    return kernel_fn.serial if n < SERIAL_WORK else kernel_fn

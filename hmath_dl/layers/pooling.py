@@ -38,7 +38,7 @@ import functools
 import numpy as np
 
 from .. import _checks
-from .._kernels.pool import adaptive_bounds, pool_box_nd, readonly, sized_global_pool
+from .._kernels.pool import adaptive_bounds, global_pool, pool_box_nd, readonly
 from ..errors import DomainError, IndexOutOfRange, NumericOverflow, ShapeError
 from .convolution import ShapeOrDomainError
 
@@ -354,7 +354,7 @@ def max_pooling_with_indices(window, stride, padding, x, *, dilation=None, ceil_
         As for :func:`pooling` (MAX).
     """
     from .._kernels.pool import _as5, _out5, boxes3
-    from .._kernels.pool_indices import first_max_indices, sized
+    from .._kernels.pool_indices import first_max_indices
     fname = "max_pooling_with_indices"
     _, xb, unbatched = _input(fname, PoolMode.MAX, x, "window", window)
     O, axes = _window_plan(fname, PoolMode.MAX, window, stride, padding, xb, dilation,
@@ -362,7 +362,7 @@ def max_pooling_with_indices(window, stride, padding, x, *, dilation=None, ceil_
     out = _run(fname, True, xb, O, axes, unbatched)        # the values: exactly pooling(MAX)'s
     idx = _checks.alloc(fname, out.shape, np.int64)
     if out.size:
-        sized(first_max_indices, xb.size)(_as5(xb), *boxes3(axes)[:9], readonly(_out5(out)),
+        first_max_indices.sized(xb.size)(_as5(xb), *boxes3(axes)[:9], readonly(_out5(out)),
                                           _out5(idx))
     return _finish(out, unbatched), _finish(idx, unbatched)
 
@@ -404,7 +404,7 @@ def max_unpooling(values, indices, output_size):
     NonFiniteError
         NaN/inf in values.
     """
-    from .._kernels.pool_indices import max_unpool, sized
+    from .._kernels.pool_indices import max_unpool
     fname = "max_unpooling"
     values = _checks.tensor(fname, "values", values)
     indices = _checks.int_array(fname, "indices", indices)
@@ -433,7 +433,7 @@ def max_unpooling(values, indices, output_size):
     P = shape[0] * shape[1]
     if out.size:
         L = vb.size // P
-        sized(max_unpool, out.size)(readonly(vb.reshape(P, L)),
+        max_unpool.sized(out.size)(readonly(vb.reshape(P, L)),
                                     readonly(indices.reshape(P, L)), out.reshape(P, M))
     return _finish(out, unbatched)
 
@@ -493,8 +493,8 @@ def _global(fname, mode, x, plan=True):
     out = _checks.alloc(fname, x.shape[:2])
     if out.size:
         S5 = (1,) * (5 - x.ndim) + S
-        if sized_global_pool(x.size)(readonly(x.reshape((-1,) + S5)), mode is PoolMode.MAX,
-                                     out.reshape(-1)):
+        if global_pool(readonly(x.reshape((-1,) + S5)), mode is PoolMode.MAX,
+                       out.reshape(-1)):
             _raise_bad(fname, x, out)
     if not plan:
         return out, None
