@@ -15,7 +15,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import kernel
+from ._jit import kernel, span_kernel
 
 
 # --------------------------------------------------------------------------- row norms
@@ -54,9 +54,9 @@ def norm_rows_backward(x, y, g, rows, n, eps, center, dx):
 
 
 # --------------------------------------------------------------------------- batch norm
-@kernel
+@span_kernel(iterations=lambda x, g, N, C, *rest: C, work=lambda x, *rest: x.size)
 def batch_norm_backward(x, g, N, C, S, eps, gamma, training, run_mean, run_var,
-                        dx, dgamma, dbeta):
+                        dx, dgamma, dbeta, t0, t1):
     """Batch norm backward, parallel over channels; ``x``/``g``/``dx`` are ``[N, C, S]``
     flattened.
 
@@ -65,10 +65,11 @@ def batch_norm_backward(x, g, N, C, S, eps, gamma, training, run_mean, run_var,
         dbeta = sum g;  dgamma = sum g xh;  dx = gamma r (g - dbeta/m - xh dgamma/m)
 
     INFERENCE (running statistics, ``r = 1 / (2 sqrt(rv/4 + eps/4))``): ``dx = g gamma r``,
-    ``dgamma = sum g (x - rm) r``, ``dbeta = sum g``.
+    ``dgamma = sum g (x - rm) r``, ``dbeta = sum g``.  A span kernel over the channels
+    ``t0 .. t1-1`` (:class:`~._jit.SpanKernel`; called without them).
     """
     m = N * S
-    for c in prange(C):
+    for c in range(t0, t1):
         if training:
             mu = 0.0
             for n in range(N):
@@ -268,16 +269,18 @@ def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
 
 
 # --------------------------------------------------------------------------- convolution
-@kernel
-def im2col(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols):
+@span_kernel(iterations=lambda x, kd, kh, kw, *rest: x.shape[1] * kd * kh * kw,
+             work=lambda *args: args[-1].size)
+def im2col(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols, t0, t1):
     """Unfold ``x [N, C, D, H, W]`` into ``cols [C*kd*kh*kw, N*OD*OH*OW]``: row
     ``(c, i, j, k)``, column ``(n, od, oh, ow)`` holds ``x[n, c, od*sd - pd + i*dd,
     oh*sh - ph + j*dh, ow*sw - pw + k*dw]`` (0 outside ``x``: zero padding).  Parallel
-    over rows; every write is a plain copy, contiguous along ``ow``."""
+    over rows; every write is a plain copy, contiguous along ``ow``.  A span kernel over
+    the rows ``t0 .. t1-1``: called as ``im2col(x, ..., cols)``."""
     N, C, D, H, W = x.shape
     KK = kd * kh * kw
     P = OD * OH * OW
-    for r in prange(C * KK):
+    for r in range(t0, t1):
         c = r // KK
         t = r % KK
         i = t // (kh * kw)
@@ -311,16 +314,18 @@ def im2col(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols):
                         row[base + ow] = 0.0
 
 
-@kernel
-def col2im(cols, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, dx):
+@span_kernel(iterations=lambda *args: args[-1].shape[0] * args[-1].shape[1],
+             work=lambda cols, *rest: cols.size)
+def col2im(cols, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, dx, t0, t1):
     """Adjoint of :func:`im2col`: ``dx[n, c, p] = sum of cols[(c, k), (n, o)]`` over every
     ``(k, o)`` that reads input position ``p``.  Parallel over ``(n, c)`` planes (each
     iteration owns one plane of ``dx``); within a plane the terms are added in the fixed
-    order ``(i, j, k, od, oh, ow)``."""
+    order ``(i, j, k, od, oh, ow)``.  A span kernel over the planes ``t = n*C + c`` in
+    ``t0 .. t1-1``: called as ``col2im(cols, ..., dx)``."""
     N, C, D, H, W = dx.shape
     KK = kd * kh * kw
     P = OD * OH * OW
-    for t in prange(N * C):
+    for t in range(t0, t1):
         n = t // C
         c = t % C
         plane = dx[n, c]
@@ -362,20 +367,3 @@ def channels_first(g, out):
         for n in range(N):
             for p in range(P):
                 out[c, n * P + p] = g[n, c, p]
-
-
-# serial twins (same functions compiled without threads) for small calls: see _serial.py
-from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
-
-norm_rows_backward_serial = serial_twin(norm_rows_backward)
-im2col_serial = serial_twin(im2col)
-col2im_serial = serial_twin(col2im)
-channels_first_serial = serial_twin(channels_first)
-
-
-def sized(kernel_fn, n):
-    """``kernel_fn`` (one of the kernels above that has a ``<name>_serial`` twin) or its
-    twin when the call touches fewer than ``SERIAL_WORK`` elements."""
-    if n < SERIAL_WORK:
-        return globals()[kernel_fn.py_func.__name__ + "_serial"]
-    return kernel_fn

@@ -36,7 +36,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import helper, kernel, span_kernel
 
 OK = 0
 NONFINITE_INPUT = 1
@@ -351,16 +351,17 @@ def _normalize_row_affine(x, r, n, eps, center, acc, w, b, has_b, per_elem, G, c
         status[r] = OVERFLOW
 
 
-@kernel
-def batch_norm_train(x, N, C, S, eps, gamma, beta, lanes, out, mean, var, status):
+@span_kernel(iterations=lambda x, N, C, *rest: C, work=lambda x, *rest: x.size)
+def batch_norm_train(x, N, C, S, eps, gamma, beta, lanes, out, mean, var, status, t0, t1):
     """Batch norm with batch statistics on the flat ``[N, C, S]`` array ``x``.
 
     ``out = gamma[c] * (x - mean_c) / sqrt(var_c + eps) + beta[c]``; ``mean[c]`` and
     ``var[c]`` receive the batch mean and population variance (unscaled; ``var`` may be
-    inf when it is not representable even though ``out`` is).
+    inf when it is not representable even though ``out`` is).  A span kernel over the
+    channels ``t0 .. t1-1`` (:class:`~._jit.SpanKernel`; called without them).
     """
     count = N * S
-    for c in prange(C):
+    for c in range(t0, t1):
         base = c * S
         acc = np.empty(lanes)
         s, m, v, code = _group_stats(x, base, N, S, C * S, True, acc)
@@ -408,12 +409,14 @@ def _seg_finite(a):
     return ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)) == 0.0
 
 
-@kernel
-def batch_norm_apply(x, N, C, S, scale, shift, center, out, status):
+@span_kernel(iterations=lambda x, N, C, *rest: C, work=lambda x, *rest: x.size)
+def batch_norm_apply(x, N, C, S, scale, shift, center, out, status, t0, t1):
     """``out = (x - center[c]) * scale[c] + shift[c]`` on the flat ``[N, C, S]`` ``x``
     (batch norm inference); ``status[c]`` is OVERFLOW (2) when the channel's outputs are
-    not all finite (the facade then tells a non-finite input from an overflow)."""
-    for c in prange(C):
+    not all finite (the facade then tells a non-finite input from an overflow).  A span
+    kernel over the channels ``t0 .. t1-1`` (:class:`~._jit.SpanKernel`; called without
+    them)."""
+    for c in range(t0, t1):
         base = c * S
         a = scale[c]
         b = shift[c]
@@ -519,18 +522,7 @@ def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
                 status[i] = OVERFLOW
 
 
-# serial twin (the same function compiled without threads) for small calls: see _serial.py
-from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
-
-normalize_rows_serial = serial_twin(normalize_rows)
-normalize_rows_affine_serial = serial_twin(normalize_rows_affine)
-
-
-def sized_normalize_rows(n):
-    """``normalize_rows`` or its serial twin for ``n`` elements."""
-    return normalize_rows_serial if n < SERIAL_WORK else normalize_rows
-
-
-def sized_normalize_rows_affine(n):
-    """``normalize_rows_affine`` or its serial twin for ``n`` elements."""
-    return normalize_rows_affine_serial if n < SERIAL_WORK else normalize_rows_affine
+# serial twins (the same functions compiled without threads) for small calls: see
+# Kernel.sized in _jit.py (the names are kept for the tests that run both paths)
+normalize_rows_serial = normalize_rows.twin
+normalize_rows_affine_serial = normalize_rows_affine.twin

@@ -148,16 +148,8 @@ def weight_norm_backward(w, g, P, A, Q, magnitudes, dw, dmag, status):
         status[i] = 0 if ok else 2
 
 
-# serial twins (same functions compiled without threads) for small calls: see _serial.py
-from ._serial import SERIAL_WORK, serial_twin  # noqa: E402
-
-affine_grads_elem_serial = serial_twin(affine_grads_elem)
-affine_grads_channel_serial = serial_twin(affine_grads_channel)
-weight_norm_backward_serial = serial_twin(weight_norm_backward)
-
-
-def sized(kernel_fn, n):
-    """``kernel_fn`` (a kernel of this module) or its serial twin for ``n`` elements."""
-    if n < SERIAL_WORK:
-        return globals()[kernel_fn.py_func.__name__ + "_serial"]
-    return kernel_fn
+# serial twins (same functions compiled without threads) for small calls: see
+# Kernel.sized in _jit.py (the names are kept for the tests that run both paths)
+affine_grads_elem_serial = affine_grads_elem.twin
+affine_grads_channel_serial = affine_grads_channel.twin
+weight_norm_backward_serial = weight_norm_backward.twin

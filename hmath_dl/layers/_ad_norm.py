@@ -37,7 +37,7 @@ def _vjp_norm_affine(g, node, needs):
     """``dxhat = g * weight``; ``dweight = sum g xhat``, ``dbias = sum g`` over the rows
     (layer / RMS norm) or over ``N`` and the spatial positions (group / instance norm),
     by the fixed-order kernels of :mod:`hmath_dl._kernels.norm_affine`."""
-    from .._kernels.norm_affine import affine_grads_channel, affine_grads_elem, sized
+    from .._kernels.norm_affine import affine_grads_channel, affine_grads_elem
     has_w, has_b, per_elem, layout, bshape = node.ctx
     xh = node.parents[0]
     w = node.parents[1] if has_w else None
@@ -54,11 +54,11 @@ def _vjp_norm_affine(g, node, needs):
             gf = g.reshape(-1)
             xf = _c(xh.value).reshape(-1)
             if per_elem:
-                sized(affine_grads_elem, g.size)(gf, xf, g.size // layout, layout, dw, db)
+                affine_grads_elem.sized(g.size)(gf, xf, g.size // layout, layout, dw, db)
             else:
                 from .._kernels.norm import LANES
                 N, C, S = layout
-                sized(affine_grads_channel, g.size)(gf, xf, N, C, S, LANES, dw, db)
+                affine_grads_channel.sized(g.size)(gf, xf, N, C, S, LANES, dw, db)
         if has_w:
             out.append(dw.reshape(w.shape))
         if has_b:
@@ -270,12 +270,12 @@ def instance_norm_ad(epsilon, x, *, weight=None, bias=None):
 
 def _vjp_norm_rows(g, node, needs):
     """Rows of length ``n`` (group / instance norm): the layer-norm row backward."""
-    from .._kernels.backward import norm_rows_backward, sized
+    from .._kernels.backward import norm_rows_backward
     x = node.parents[0]
     n, eps, center = node.ctx
     dx = np.empty(x.shape)
     if dx.size:
-        fn = sized(norm_rows_backward, x.size)
+        fn = norm_rows_backward.sized(x.size)
         fn(x.value.reshape(-1), node.value.reshape(-1), _c(g).reshape(-1), x.size // n, n, eps,
            center, dx.reshape(-1))
     return (dx,)
@@ -321,7 +321,7 @@ def weight_norm_ad(axis, magnitudes, w):
 
 
 def _vjp_weight_norm(g, node, needs):
-    from .._kernels.norm_affine import sized, weight_norm_backward
+    from .._kernels.norm_affine import weight_norm_backward
     mags, w = node.parents
     (ax,) = node.ctx
     a = w.shape[ax]
@@ -331,7 +331,7 @@ def _vjp_weight_norm(g, node, needs):
         p = _size(w.shape[:ax])
         q = _size(w.shape[ax + 1:])
         status = np.zeros(a, dtype=np.int8)
-        sized(weight_norm_backward, w.size)(_c(w.value).reshape(-1), _c(g).reshape(-1), p, a,
+        weight_norm_backward.sized(w.size)(_c(w.value).reshape(-1), _c(g).reshape(-1), p, a,
                                            q, _c(mags.value), dw.reshape(-1), dm, status)
         if status.any():
             i = int(np.flatnonzero(status)[0])
@@ -341,7 +341,7 @@ def _vjp_weight_norm(g, node, needs):
 
 
 def _vjp_layer_norm(g, node, needs):
-    from .._kernels.backward import norm_rows_backward, sized
+    from .._kernels.backward import norm_rows_backward
     x = node.parents[0]
     axes, eps, center = node.ctx
     n = 1
@@ -350,7 +350,7 @@ def _vjp_layer_norm(g, node, needs):
     dx = np.empty(x.shape)
     if dx.size:
         rows = x.size // n
-        fn = sized(norm_rows_backward, x.size)
+        fn = norm_rows_backward.sized(x.size)
         fn(x.value.reshape(-1), node.value.reshape(-1), _c(g).reshape(-1), rows, n, eps, center,
            dx.reshape(-1))
     return (dx,)

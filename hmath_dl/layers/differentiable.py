@@ -212,7 +212,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     over ``(n, o)`` resp. ``co'`` in order, the same bits on every CPU), and ``dx = col2im(dcols)`` (a Numba kernel parallel over ``(n, c)``
     planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
     """
-    from .._kernels.backward import channels_first, col2im, im2col, sized
+    from .._kernels.backward import channels_first, col2im, im2col
     from .._kernels.conv import _pad3
     xs = x.shape
     N, C = xs[0], xs[1]
@@ -226,12 +226,12 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     geo = K + s3 + d3 + p3 + O
     G = np.empty((Cout, N * P))
     if G.size:
-        sized(channels_first, G.size)(_ro(_c(g).reshape(N, Cout, P)), G)
+        channels_first.sized(G.size)(_ro(_c(g).reshape(N, Cout, P)), G)
     gx = gw = None
     if need_w:
         cols = np.empty((C * KK, N * P))
         if cols.size:
-            sized(im2col, cols.size)(_ro5(x), *geo, cols)
+            im2col.sized(cols.size)(_ro5(x), *geo, cols)
         dw = np.empty((Cout, Cg * KK))
         for gi in range(groups):
             rows = slice(gi * Cog, (gi + 1) * Cog)
@@ -248,7 +248,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
                 dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = matmul_nd(w2[rows].T, G[rows])
         dx = np.empty(xs)
         if dx.size:
-            sized(col2im, dcols.size)(_ro(_c(dcols)), *geo, _w5(dx))
+            col2im.sized(dcols.size)(_ro(_c(dcols)), *geo, _w5(dx))
         gx = dx
     return gx, gw
 

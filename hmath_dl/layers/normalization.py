@@ -54,13 +54,13 @@ def _raise_status(fname, status, xa, what="x", unit="row"):
 
 
 def _rows(fname, xa, rows, n, eps, center):
-    from .._kernels.norm import LANES, sized_normalize_rows
+    from .._kernels.norm import LANES, normalize_rows
 
     out = _checks.alloc(fname, xa.shape)
     if out.size == 0:
         return out
     status = np.zeros(rows, dtype=np.int8)
-    sized_normalize_rows(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, out.reshape(-1),
+    normalize_rows.sized(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, out.reshape(-1),
                                   status)
     _raise_status(fname, status, xa)
     return out
@@ -86,7 +86,7 @@ def _rows_affine(fname, xa, rows, n, eps, center, w, b, per_elem, groups, cpg, s
     None no sum.  Falls back to :func:`_rows` when both are None."""
     if w is None and b is None:
         return _rows(fname, xa, rows, n, eps, center)
-    from .._kernels.norm import LANES, sized_normalize_rows_affine
+    from .._kernels.norm import LANES, normalize_rows_affine
 
     out = _checks.alloc(fname, xa.shape)
     if out.size == 0:
@@ -100,7 +100,7 @@ def _rows_affine(fname, xa, rows, n, eps, center, w, b, per_elem, groups, cpg, s
     bmax = float(np.max(np.abs(bk))) if has_b and bk.size else 0.0
     check = wmax * (n ** 0.5) * 1.001 + bmax > 1.0e300
     status = np.zeros(rows, dtype=np.int8)
-    sized_normalize_rows_affine(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, wk, bk,
+    normalize_rows_affine.sized(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, wk, bk,
                                          has_b, per_elem, groups, cpg, s, check,
                                          out.reshape(-1), status)
     _raise_status(fname, status, xa)
