@@ -8,9 +8,7 @@ the thread count.  Each kernel returns True iff every written value is finite.
 import math
 
 import numpy as np
-from numba import prange
-
-from ._jit import helper, kernel
+from ._jit import helper, span_kernel
 
 _CHUNK = 4096
 
@@ -28,20 +26,24 @@ def _sgd_chunk(p, g, buf, lr, momentum, weight_decay, p_out, buf_out, start, sto
     return acc == 0.0
 
 
-@kernel
-def sgd_update(p, g, buf, lr, momentum, weight_decay, p_out, buf_out):
-    """``d = g + wd p; buf' = momentum buf + d; p' = p - lr buf'``."""
+@span_kernel()
+def _sgd_span(p, g, buf, lr, momentum, weight_decay, p_out, buf_out, ok, c0, c1):
+    """Chunks ``c0 .. c1-1`` (of ``_CHUNK`` elements) of :func:`sgd_update`; ``ok[c]``
+    whether chunk ``c``'s results are finite."""
     n = p.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    ok = np.ones(nchunks, dtype=np.bool_)
-    for c in prange(nchunks):
+    for c in range(c0, c1):
         start = c * _CHUNK
         stop = min(n, start + _CHUNK)
         ok[c] = _sgd_chunk(p, g, buf, lr, momentum, weight_decay, p_out, buf_out, start, stop)
-    for c in range(nchunks):
-        if not ok[c]:
-            return False
-    return True
+
+
+def sgd_update(p, g, buf, lr, momentum, weight_decay, p_out, buf_out):
+    """``d = g + wd p; buf' = momentum buf + d; p' = p - lr buf'``.  Chunks of ``_CHUNK``
+    elements in parallel (:func:`_sgd_span`, one chunk: serially)."""
+    ok = np.ones((p.shape[0] + _CHUNK - 1) // _CHUNK, dtype=np.bool_)
+    _sgd_span.run(ok.shape[0], p.shape[0], p, g, buf, lr, momentum, weight_decay, p_out,
+                  buf_out, ok)
+    return bool(ok.all())
 
 
 @helper
@@ -63,23 +65,29 @@ def _adamw_chunk(p, g, m, v, lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2,
     return acc == 0.0
 
 
-@kernel
+@span_kernel()
+def _adamw_span(p, g, m, v, lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2, p_out, m_out,
+                v_out, ok, c0, c1):
+    """Chunks ``c0 .. c1-1`` (of ``_CHUNK`` elements) of :func:`adamw_update`; ``ok[c]``
+    whether chunk ``c``'s results are finite."""
+    n = p.shape[0]
+    for c in range(c0, c1):
+        start = c * _CHUNK
+        stop = min(n, start + _CHUNK)
+        ok[c] = _adamw_chunk(p, g, m, v, lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2,
+                             p_out, m_out, v_out, start, stop)
+
+
 def adamw_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2,
                  p_out, m_out, v_out):
     """AdamW (decoupled weight decay), torch's operation order::
 
         m' = b1 m + (1 - b1) g;  v' = b2 v + (1 - b2) g^2
         p' = p (1 - lr wd) - (lr / bc1) * m' / (sqrt(v') / sqrt_bc2 + eps)
-    """
-    n = p.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    ok = np.ones(nchunks, dtype=np.bool_)
-    for c in prange(nchunks):
-        start = c * _CHUNK
-        stop = min(n, start + _CHUNK)
-        ok[c] = _adamw_chunk(p, g, m, v, lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2,
-                             p_out, m_out, v_out, start, stop)
-    for c in range(nchunks):
-        if not ok[c]:
-            return False
-    return True
+
+    Chunks of ``_CHUNK`` elements in parallel (:func:`_adamw_span`, one chunk:
+    serially)."""
+    ok = np.ones((p.shape[0] + _CHUNK - 1) // _CHUNK, dtype=np.bool_)
+    _adamw_span.run(ok.shape[0], p.shape[0], p, g, m, v, lr, beta1, beta2, eps, weight_decay,
+                    bc1, sqrt_bc2, p_out, m_out, v_out, ok)
+    return bool(ok.all())

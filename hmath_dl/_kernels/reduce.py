@@ -17,9 +17,8 @@ count (no numpy reduction: numpy's pairwise/SIMD summation order depends on its 
 """
 
 import numpy as np
-from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import helper, span_kernel
 
 
 @helper
@@ -48,28 +47,43 @@ def _row_sum(a):
 _CHUNK = 512
 
 
-@kernel
-def _sum3(x, out):
-    """``out[k] = sum_{r1} s(r1, k)`` for ``x [R1, K, R2]`` (module docstring order)."""
-    r1, kk, r2 = x.shape
-    if r2 == 1:
-        nchunk = (kk + _CHUNK - 1) // _CHUNK
-        for c in prange(nchunk):
-            lo = c * _CHUNK
-            hi = min(kk, lo + _CHUNK)
-            o = out[lo:hi]
+@span_kernel(iterations=lambda x, out: (x.shape[1] + _CHUNK - 1) // _CHUNK,
+             work=lambda x, out: x.size)
+def _sum_columns(x, out, c0, c1):
+    """``out[k] = sum_{r1} x[r1, k, 0]`` for ``x [R1, K, 1]`` (module docstring order),
+    for the chunks ``c0 .. c1-1`` of ``_CHUNK`` consecutive ``k`` (a span kernel)."""
+    r1, kk = x.shape[0], x.shape[1]
+    for c in range(c0, c1):
+        lo = c * _CHUNK
+        hi = min(kk, lo + _CHUNK)
+        o = out[lo:hi]
+        for j in range(hi - lo):
+            o[j] = 0.0
+        for a in range(r1):
+            row = x[a, lo:hi, 0]
             for j in range(hi - lo):
-                o[j] = 0.0
-            for a in range(r1):
-                row = x[a, lo:hi, 0]
-                for j in range(hi - lo):
-                    o[j] += row[j]
+                o[j] += row[j]
+
+
+@span_kernel(iterations=lambda x, out: x.shape[1], work=lambda x, out: x.size)
+def _sum_rows(x, out, k0, k1):
+    """``out[k] = sum_{r1} s(r1, k)`` for ``x [R1, K, R2]`` (module docstring order),
+    for ``k`` in ``k0 .. k1-1`` (a span kernel)."""
+    r1 = x.shape[0]
+    for k in range(k0, k1):
+        acc = 0.0
+        for a in range(r1):
+            acc += _row_sum(x[a, k])
+        out[k] = acc
+
+
+def _sum3(x, out):
+    """``out[k] = sum_{r1} s(r1, k)`` for ``x [R1, K, R2]`` (module docstring order):
+    :func:`_sum_columns` when ``R2 == 1``, else :func:`_sum_rows`."""
+    if x.shape[2] == 1:
+        _sum_columns(x, out)
     else:
-        for k in prange(kk):
-            acc = 0.0
-            for a in range(r1):
-                acc += _row_sum(x[a, k])
-            out[k] = acc
+        _sum_rows(x, out)
 
 
 def sum_to(x, keep):
