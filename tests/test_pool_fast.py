@@ -43,7 +43,8 @@ def test_regular_kernels_match_the_general_ones(shape, is_max):
     assert F.regular_windows(axes, (H, W)) == (kh, kw, sh if OH > 1 else 1,
                                                sw if OW > 1 else 1)
     want = np.empty((N, C, OH, OW))
-    assert KP.pool_box_nd(x, axes, is_max, want) == 0
+    with F.forced_path("general"):
+        assert KP.pool_box_nd(x, axes, is_max, want) == 0
     for kern in (F.pool2d_regular, F.pool2d_regular.serial):
         got = np.full_like(want, np.nan)
         status = kern(x.reshape(N * C, H, W), kh, kw, sh, sw, is_max, kh * kw,
@@ -57,8 +58,16 @@ def test_regular_kernels_match_the_general_ones(shape, is_max):
     g = np.random.default_rng(1).standard_normal(want.shape)
     g[::2, :, ::2] = -0.0
     dx_want = np.empty_like(x)
+    with F.forced_path("general"):
+        KB.pool_backward_nd(x.reshape(N, C, 1, H, W), g.reshape(N, C, 1, OH, OW),
+                            KP.boxes3(axes), is_max, dx_want.reshape(N, C, 1, H, W))
+    # the planned path (regular here) through the same entry points
+    got = np.full_like(want, np.nan)
+    assert KP.pool_box_nd(x, axes, is_max, got) == 0 and got.tobytes() == want.tobytes()
+    dx = np.full_like(x, np.nan)
     KB.pool_backward_nd(x.reshape(N, C, 1, H, W), g.reshape(N, C, 1, OH, OW),
-                        KP.boxes3(axes), is_max, dx_want.reshape(N, C, 1, H, W))
+                        KP.boxes3(axes), is_max, dx.reshape(N, C, 1, H, W))
+    assert dx.tobytes() == dx_want.tobytes()
     for serial in (False, True):
         dx = np.full_like(x, np.nan)
         if is_max:
@@ -98,3 +107,26 @@ def test_regular_windows_detection():
     assert F.regular_windows([(lo, hi, 1, cn + 1)] * 2, (H, W)) is None       # divisor override
     assert F.regular_windows([(lo, hi, 1, cn)] * 3, (H, W, W)) is None        # 3-D
     assert F.regular_windows([(lo, hi + 0, 1, cn)] * 2, (H, 7)) is None       # beyond the input
+
+
+@pytest.mark.parametrize("mode", ["MAX", "AVERAGE"])
+def test_public_pooling_and_its_gradient_are_the_same_bits_on_both_paths(mode):
+    from hmath_dl import autodiff as ad
+    from hmath_dl import layers as L
+    m = getattr(L.PoolMode, mode)
+    x = _data(6, 5, 10, 12, 3)
+    for window, stride, padding in (((2, 2), (2, 2), (0, 0)), ((3, 2), (1, 2), (0, 0)),
+                                    ((2, 2), (2, 2), (1, 1)), ((3, 3), (2, 2), (0, 0))):
+        outs = []
+        for path in ("general", None):
+            with F.forced_path(path):
+                v = ad.variable(x)
+                y = L.pooling_ad(m, window, stride, padding, v)
+                g = ad.gradients(ad.sum(y * y), [v])[0]
+                plain = L.pooling(m, window, stride, padding, x)
+                outs.append((np.asarray(y.value).tobytes(), np.asarray(g).tobytes(),
+                             plain.tobytes()))
+        assert outs[0] == outs[1], (window, stride, padding)
+    with pytest.raises(ValueError):
+        with F.forced_path("nope"):
+            pass

@@ -29,6 +29,7 @@ depend on the thread count.
 import numpy as np
 from numba import prange
 
+from . import pool_fast
 from ._jit import helper, kernel, span_kernel
 
 
@@ -375,6 +376,9 @@ def pool_box_nd(x, axes, is_max, out):
     reads ``lo[i], lo[i] + step, ... < hi[i]`` (an empty range only for sums: 0) and the
     average divides by the product of the axes' ``count`` entries."""
     if out.size:
+        status = pool_fast.forward(x, axes, is_max, out)     # regular 2-D windows
+        if status is not None:
+            return status
         return int(pool_boxes(_as5(x), *boxes3(axes), bool(is_max), _out5(out)))
     return 0
 

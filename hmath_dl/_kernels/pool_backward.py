@@ -12,6 +12,7 @@ fixed order and the bits never depend on the thread count.
 
 from numba import prange
 
+from . import pool_fast
 from ._jit import kernel
 
 
@@ -113,6 +114,8 @@ def pool_backward_nd(x5, g5, args, is_max, dx5):
     unit-step variant when every step is 1, serial twins for small calls
     (:meth:`~._jit.Kernel.sized`)."""
     n = dx5.size
+    if pool_fast.backward(x5, g5, args, is_max, dx5):      # regular 2-D windows
+        return
     if args[6] == 1 and args[7] == 1 and args[8] == 1:
         fn = box_pool_backward_unit.sized(n)
         fn(x5, g5, *args[:6], *args[9:], bool(is_max), dx5)

@@ -26,13 +26,31 @@ facade raises from it).  Parallel over blocks of planes (every plane is owned by
 task, so the bits do not depend on the thread count); small calls run the serial twin.
 """
 
+import contextlib
+
 import numpy as np
 from numba import prange
 
 from ._jit import helper, kernel
+from ._plan import forcing
 
 #: Planes (n, c) per parallel task.
 PLANES_PER_TASK = 16
+#: The pooling paths (speed only: the same bits): ``regular`` where it applies, else
+#: ``general`` (the kernels of :mod:`._kernels.pool` / :mod:`._kernels.pool_backward`).
+PATHS = ("regular", "general")
+_forced = {"path": None}
+
+
+@contextlib.contextmanager
+def forced_path(name):
+    """Within the block, pooling takes path ``name`` (``general``: never the regular
+    kernels; ``regular`` or ``None``: the plan), for the tests that hold both paths to the
+    same bits."""
+    if name is not None and name not in PATHS:
+        raise ValueError(f"unknown pooling path {name!r} (expected one of {PATHS})")
+    with forcing(_forced, "path", name):
+        yield
 
 
 def regular_windows(axes, spatial):
@@ -63,6 +81,54 @@ def regular_windows(axes, spatial):
         out.insert(0, (1, 1))
     (kh, sh), (kw, sw) = out
     return kh, kw, sh, sw
+
+
+def forward(x, axes, is_max, out):
+    """The regular-window forward for :func:`._kernels.pool.pool_box_nd`: the status of
+    :func:`pool2d_regular`, or ``None`` when the windows are not regular (the caller runs
+    the general kernel).  ``x [N, C, *S]`` and ``out [N, C, *O]`` C-contiguous."""
+    if _forced["path"] == "general":
+        return None
+    reg = regular_windows(axes, x.shape[2:])
+    if reg is None or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    kh, kw, sh, sw = reg
+    P = x.shape[0] * x.shape[1]
+    H, W = (1,) + x.shape[2:] if x.ndim == 3 else x.shape[2:]
+    OH, OW = (1,) + out.shape[2:] if out.ndim == 3 else out.shape[2:]
+    x3 = x.reshape(P, H, W)
+    if x3.flags.writeable:          # one compiled specialisation: inputs read-only
+        x3 = x3.view()
+        x3.flags.writeable = False
+    return int(pool2d_regular.sized(x.size)(x3, kh, kw, sh, sw, bool(is_max), kh * kw,
+                                            out.reshape(P, OH, OW)))
+
+
+def backward(x5, g5, args, is_max, dx5):
+    """The regular-window backward for :func:`._kernels.pool_backward.pool_backward_nd`
+    (``args`` = :func:`._kernels.pool.boxes3`, rank-5 ``x5, g5, dx5``): True when it ran,
+    False when the windows are not regular (the caller runs the general kernel)."""
+    if _forced["path"] == "general":
+        return False
+    lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, st_d, st_h, st_w, cn_d, cn_h, cn_w = args
+    if x5.shape[2] != 1 or lo_d.size != 1 or lo_d[0] != 0 or hi_d[0] != 1 or cn_d[0] != 1:
+        return False
+    reg = regular_windows([(lo_h, hi_h, st_h, cn_h), (lo_w, hi_w, st_w, cn_w)], x5.shape[3:])
+    if reg is None or not (x5.flags.c_contiguous and g5.flags.c_contiguous
+                           and dx5.flags.c_contiguous):
+        return False
+    kh, kw, sh, sw = reg
+    P = x5.shape[0] * x5.shape[1]
+    H, W = x5.shape[3:]
+    OH, OW = g5.shape[3:]
+    g3 = g5.reshape(P, OH, OW)
+    dx3 = dx5.reshape(P, H, W)
+    if is_max:
+        x3 = x5.reshape(P, H, W)
+        max_pool2d_regular_backward.sized(dx5.size)(x3, g3, kh, kw, sh, sw, dx3)
+    else:
+        avg_pool2d_regular_backward.sized(dx5.size)(g3, kh, kw, sh, sw, kh * kw, dx3)
+    return True
 
 
 @helper
