@@ -526,6 +526,25 @@ def _make_micro_acc(CB, V, f32=False, fused=True):
     return micro
 
 
+def _rows_side_by_side(builder, ps, ls, R):
+    """Load ``R`` rows of ``VW`` float64 (row ``r`` at ``ps + r*ls``) and concatenate them
+    into one ``VW * 2**ceil(log2 R)``-lane value, row ``r`` at lanes ``r*VW ...`` (pairwise
+    concatenation; an odd row count is padded with undefined lanes that callers never
+    select)."""
+    i32 = llvm_ir.IntType(32)
+    rows = [builder.load(_vptr(builder, builder.gep(ps, [builder.mul(
+        llvm_ir.Constant(_I64, r), ls)]), 0), align=8) for r in range(R)]
+    width = _VW
+    while len(rows) > 1:
+        if len(rows) % 2:
+            rows.append(llvm_ir.Constant(rows[0].type, llvm_ir.Undefined))
+        mask = llvm_ir.Constant(llvm_ir.VectorType(i32, 2 * width), list(range(2 * width)))
+        rows = [builder.shuffle_vector(rows[j], rows[j + 1], mask)
+                for j in range(0, len(rows), 2)]
+        width *= 2
+    return rows[0]
+
+
 @intrinsic
 def _transpose_block(typingctx, src, s_off, lds, dst, d_off, ldd):
     """``dst[d_off + c*ldd + r] = src[s_off + r*lds + c]`` for ``r, c < VW`` (one
@@ -541,16 +560,8 @@ def _transpose_block(typingctx, src, s_off, lds, dst, d_off, ldd):
         sd = _data(context, builder, signature.args[0], sa)
         dd = _data(context, builder, signature.args[3], da)
         i32 = llvm_ir.IntType(32)
-        ps = builder.gep(sd, [so])
-        rows = [builder.load(_vptr(builder, builder.gep(ps, [builder.mul(
-            llvm_ir.Constant(_I64, r), ls)]), 0), align=8) for r in range(_VW)]
-        # concatenate the rows pairwise into one VW*VW-lane value, then pick column c
-        while len(rows) > 1:
-            n = rows[0].type.count
-            mask = llvm_ir.Constant(llvm_ir.VectorType(i32, 2 * n), list(range(2 * n)))
-            rows = [builder.shuffle_vector(rows[j], rows[j + 1], mask)
-                    for j in range(0, len(rows), 2)]
-        whole = rows[0]
+        # the rows side by side in one VW*VW-lane value, then column c picked from it
+        whole = _rows_side_by_side(builder, builder.gep(sd, [so]), ls, _VW)
         undef = llvm_ir.Constant(whole.type, llvm_ir.Undefined)
         pd = builder.gep(dd, [do])
         for c in range(_VW):
@@ -581,23 +592,8 @@ def _make_interleave(R):
             sd = _data(context, builder, signature.args[0], sa)
             dd = _data(context, builder, signature.args[3], da)
             i32 = llvm_ir.IntType(32)
-            ps = builder.gep(sd, [so])
-            rows = [builder.load(_vptr(builder, builder.gep(ps, [builder.mul(
-                llvm_ir.Constant(_I64, r), ls)]), 0), align=8) for r in range(R)]
-            # one R*VW-lane value: rows side by side (pairwise concatenation, an odd row
-            # padded with undefined lanes that the final mask never selects)
-            width = _VW
-            while len(rows) > 1:
-                if len(rows) % 2:
-                    rows.append(llvm_ir.Constant(rows[0].type, llvm_ir.Undefined))
-                mask = llvm_ir.Constant(llvm_ir.VectorType(i32, 2 * width),
-                                        list(range(2 * width)))
-                rows = [builder.shuffle_vector(rows[j], rows[j + 1], mask)
-                        for j in range(0, len(rows), 2)]
-                width *= 2
-            whole = rows[0]
-            # lane of (row r, column c) in ``whole``: rows were concatenated in a binary
-            # tree, so row r sits at r * VW
+            whole = _rows_side_by_side(builder, builder.gep(sd, [so]), ls, R)
+            # lane of (row r, column c) in ``whole``: r * VW + c
             undef = llvm_ir.Constant(whole.type, llvm_ir.Undefined)
             out = builder.shuffle_vector(whole, undef, llvm_ir.Constant(
                 llvm_ir.VectorType(i32, R * _VW), [r * _VW + c for c in range(_VW)
