@@ -506,120 +506,108 @@ def _pd_softplus(p, v):
 # element once: the finiteness count (an integer reduction, which vectorises) and f are
 # computed in the same loop.  Chunks of ``_CHUNK`` elements in parallel; every element is
 # independent, so the results do not depend on the thread count or the chunking.
-def _fwd_template(x_flat, out_flat):
+# Each activation's loop is a serial helper over a whole span (chunk by chunk, so that a
+# chunk stays in L1/L2 and the fast/plain choice is made per chunk): the serial entries
+# call it directly from Python, and the parallel kernel is a thin ``prange`` over the
+# chunks that calls the same helper on each chunk, so the loop is compiled once (not
+# again inside a parallel twin and a serial twin).  Both give the same bits.
+def _fwd_span_template(x_flat, out_flat):
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        lo = c * _CHUNK
+    nb = 0
+    for lo in range(0, n, _CHUNK):
         hi = min(lo + _CHUNK, n)
         _wide()
         xs = x_flat[lo:hi]
         os = out_flat[lo:hi]
-        nb = 0
         for i in range(hi - lo):
             v = xs[i]
             nb += not (abs(v) < _INF)
             os[i] = _F(v)
-        bad[c] = nb
-    return _none(bad)
+    return nb
 
 
-def _der_template(x_flat, out_flat):
+def _der_span_template(x_flat, out_flat):
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        lo = c * _CHUNK
+    nb = 0
+    for lo in range(0, n, _CHUNK):
         hi = min(lo + _CHUNK, n)
         _wide()
         xs = x_flat[lo:hi]
         os = out_flat[lo:hi]
-        nb = 0
         for i in range(hi - lo):
             v = xs[i]
             nb += not (abs(v) < _INF)
             os[i] = _D(v)
-        bad[c] = nb
-    return _none(bad)
+    return nb
 
 
-def _fwd_der_template(x_flat, out_flat, d_flat):
+def _fwd_der_span_template(x_flat, out_flat, d_flat):
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        lo = c * _CHUNK
+    nb = 0
+    for lo in range(0, n, _CHUNK):
         hi = min(lo + _CHUNK, n)
         _wide()
         xs = x_flat[lo:hi]
         os = out_flat[lo:hi]
         ds = d_flat[lo:hi]
-        nb = 0
         for i in range(hi - lo):
             v = xs[i]
             nb += not (abs(v) < _INF)
             f, d = _FD(v)
             os[i] = f
             ds[i] = d
-        bad[c] = nb
-    return _none(bad)
+    return nb
 
 
-def _fwd_fast_template(x_flat, out_flat):
+def _fwd_fast_span_template(x_flat, out_flat):
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        lo = c * _CHUNK
+    nb = 0
+    for lo in range(0, n, _CHUNK):
         hi = min(lo + _CHUNK, n)
         _wide()
         xs = x_flat[lo:hi]
         os = out_flat[lo:hi]
-        nb, ns = _scan(xs, _BOUND)
+        cb, ns = _scan(xs, _BOUND)
+        nb += cb
         if ns == 0:
             for i in range(hi - lo):
                 os[i] = _FF(xs[i])
         else:
             for i in range(hi - lo):
                 os[i] = _F(xs[i])
-        bad[c] = nb
-    return _none(bad)
+    return nb
 
 
-def _der_fast_template(x_flat, out_flat):
+def _der_fast_span_template(x_flat, out_flat):
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        lo = c * _CHUNK
+    nb = 0
+    for lo in range(0, n, _CHUNK):
         hi = min(lo + _CHUNK, n)
         _wide()
         xs = x_flat[lo:hi]
         os = out_flat[lo:hi]
-        nb, ns = _scan(xs, _BOUND)
+        cb, ns = _scan(xs, _BOUND)
+        nb += cb
         if ns == 0:
             for i in range(hi - lo):
                 os[i] = _DF(xs[i])
         else:
             for i in range(hi - lo):
                 os[i] = _D(xs[i])
-        bad[c] = nb
-    return _none(bad)
+    return nb
 
 
-def _fwd_der_fast_template(x_flat, out_flat, d_flat):
+def _fwd_der_fast_span_template(x_flat, out_flat, d_flat):
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
-        lo = c * _CHUNK
+    nb = 0
+    for lo in range(0, n, _CHUNK):
         hi = min(lo + _CHUNK, n)
         _wide()
         xs = x_flat[lo:hi]
         os = out_flat[lo:hi]
         ds = d_flat[lo:hi]
-        nb, ns = _scan(xs, _BOUND)
+        cb, ns = _scan(xs, _BOUND)
+        nb += cb
         if ns == 0:
             for i in range(hi - lo):
                 v = xs[i]
@@ -632,7 +620,30 @@ def _fwd_der_fast_template(x_flat, out_flat, d_flat):
                 f, d = _FD(v)
                 os[i] = f
                 ds[i] = d
-        bad[c] = nb
+    return nb
+
+
+def _drive2_template(x_flat, out_flat):
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        bad[c] = _SPAN(x_flat[lo:hi], out_flat[lo:hi])
+    return _none(bad)
+
+
+def _drive3_template(x_flat, out_flat, d_flat):
+    n = x_flat.shape[0]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunks, dtype=np.int64)
+    for c in prange(nchunks):
+        lo = c * _CHUNK
+        hi = min(lo + _CHUNK, n)
+        _wide()
+        bad[c] = _SPAN(x_flat[lo:hi], out_flat[lo:hi], d_flat[lo:hi])
     return _none(bad)
 
 
@@ -763,6 +774,24 @@ def _pair(name, f, d):
     return _inl(_clone(lambda v: (_F(v), _D(v)), name, _F=f, _D=d))
 
 
+_SPAN_FWD = {}
+_SPAN_DER = {}
+_SPAN_FWD_DER = {}
+
+
+def _entries(code, name, fwd, der, fd):
+    """Register the three span helpers of an activation and their thin parallel kernels."""
+    _SPAN_FWD[code] = fwd
+    _SPAN_DER[code] = der
+    _SPAN_FWD_DER[code] = fd
+    _FORWARD[code] = kernel(_clone(_drive2_template, "activation_forward_" + name,
+                                   _SPAN=fwd))
+    _DERIVATIVE[code] = kernel(_clone(_drive2_template, "activation_derivative_" + name,
+                                      _SPAN=der))
+    _FORWARD_DERIVATIVE[code] = kernel(_clone(
+        _drive3_template, "activation_forward_derivative_" + name, _SPAN=fd))
+
+
 for _code, _name in _NAMES.items():
     _f = globals()["_f_" + _name]
     _d = globals()["_d_" + _name]
@@ -772,22 +801,21 @@ for _code, _name in _NAMES.items():
         _ff = globals()["_ff_" + _name]
         _df = globals()["_df_" + _name]
         _bf, _bd = _FAST_BOUNDS[_name]
-        _FORWARD[_code] = kernel(_clone(_fwd_fast_template, "activation_forward_" + _name,
-                                        _F=_f, _FF=_ff, _BOUND=_bf))
-        _DERIVATIVE[_code] = kernel(_clone(
-            _der_fast_template, "activation_derivative_" + _name, _D=_d, _DF=_df,
-            _BOUND=_bd))
-        _FORWARD_DERIVATIVE[_code] = kernel(_clone(
-            _fwd_der_fast_template, "activation_forward_derivative_" + _name, _FD=_fd,
-            _FDF=_pair("_fdf_" + _name, _ff, _df), _BOUND=min(_bf, _bd)))
+        _entries(_code, _name,
+                 helper(_clone(_fwd_fast_span_template, "_fwd_span_" + _name, _F=_f,
+                               _FF=_ff, _BOUND=_bf)),
+                 helper(_clone(_der_fast_span_template, "_der_span_" + _name, _D=_d,
+                               _DF=_df, _BOUND=_bd)),
+                 helper(_clone(_fwd_der_fast_span_template, "_fwd_der_span_" + _name,
+                               _FD=_fd, _FDF=_pair("_fdf_" + _name, _ff, _df),
+                               _BOUND=min(_bf, _bd))))
     else:
-        _FORWARD[_code] = kernel(_clone(_fwd_template, "activation_forward_" + _name,
-                                        _F=_fwd_f))
-        _DERIVATIVE[_code] = kernel(_clone(_der_template, "activation_derivative_" + _name,
-                                           _D=_d))
         _fdd = _fd if _fwd_f is _f else _pair("_fdf_" + _name, _fwd_f, _d)
-        _FORWARD_DERIVATIVE[_code] = kernel(_clone(
-            _fwd_der_template, "activation_forward_derivative_" + _name, _FD=_fdd))
+        _entries(_code, _name,
+                 helper(_clone(_fwd_span_template, "_fwd_span_" + _name, _F=_fwd_f)),
+                 helper(_clone(_der_span_template, "_der_span_" + _name, _D=_d)),
+                 helper(_clone(_fwd_der_span_template, "_fwd_der_span_" + _name,
+                               _FD=_fdd)))
 
 _PARAM = {LEAKY_RELU: (_pf_leaky_relu, _pd_leaky_relu, np.nan, _f_identity),
           ELU: (_pf_elu, _pd_elu, np.nan, _f_identity),
@@ -850,21 +878,21 @@ def activation_forward_serial(code, x_flat, out_flat):
     """:func:`activation_forward` compiled without threads (the same bits)."""
     if code not in _FORWARD:
         return bool(_inputs_finite(x_flat))
-    return bool(_FORWARD[code].serial(x_flat, out_flat))
+    return _SPAN_FWD[code](x_flat, out_flat) == 0
 
 
 def activation_derivative_serial(code, x_flat, out_flat):
     """:func:`activation_derivative` compiled without threads (the same bits)."""
     if code not in _DERIVATIVE:
         return bool(_inputs_finite(x_flat))
-    return bool(_DERIVATIVE[code].serial(x_flat, out_flat))
+    return _SPAN_DER[code](x_flat, out_flat) == 0
 
 
 def activation_forward_derivative_serial(code, x_flat, out_flat, d_flat):
     """:func:`activation_forward_derivative` compiled without threads (the same bits)."""
     if code not in _FORWARD_DERIVATIVE:
         return bool(_inputs_finite(x_flat))
-    return bool(_FORWARD_DERIVATIVE[code].serial(x_flat, out_flat, d_flat))
+    return _SPAN_FWD_DER[code](x_flat, out_flat, d_flat) == 0
 
 
 def _param_call(table, fallback, serial, code, p, x_flat, *outs):
