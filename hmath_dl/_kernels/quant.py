@@ -244,12 +244,21 @@ def quantize_apply(x, nch, inner, symmetric, scales, zps, out):
 def _dequant_run(q, out, f0, f1, c0, step, scales, zps):
     """``out[f] = scale * (q[f] - zp)`` for ``f0 <= f < f1``, channel ``c0 + step*(f-f0)``
     (``step`` 0: one channel; 1: consecutive channels).  Returns True if some result is
-    not finite."""
+    not finite.  ``q - zp`` lies in [-255, 255]: it is formed in int32 (the same exact
+    integer as in int64, and its conversion to float64 vectorises on every x86 target),
+    and the one-channel case reads its scale once, so both loops vectorise."""
     bad = False
+    if step == 0:
+        s = scales[c0]
+        z = np.int32(zps[c0])
+        for f in range(f0, f1):
+            v = s * np.float64(np.int32(q[f]) - z)
+            out[f] = v
+            bad |= (v - v) != 0.0
+        return bad
     for f in range(f0, f1):
-        c = c0 + step * (f - f0)
-        d = np.int64(q[f]) - zps[c]
-        v = scales[c] * np.float64(d)
+        c = c0 + f - f0
+        v = scales[c] * np.float64(np.int32(q[f]) - np.int32(zps[c]))
         out[f] = v
         bad |= (v - v) != 0.0
     return bad
