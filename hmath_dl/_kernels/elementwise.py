@@ -38,6 +38,16 @@ are evaluated in overflow-free forms).  They do not validate anything else: pass
 code (an unknown code leaves ``out_flat`` untouched). Work is split over fixed chunks, so results do
 not depend on the thread count.
 
+Each entry dispatches (in Python) on the code to that activation's own compiled code: a
+serial span helper (``_fwd_span_<name>`` ...; the ``*_serial`` entries call it directly)
+and a thin parallel kernel over its chunks (``activation_forward_<name>`` ...), so a
+program compiles only the activations it uses.  Per chunk of 4096 elements one loop
+counts the non-finite inputs and evaluates ``f`` (one read, one write); SIGMOID, SILU,
+GELU_TANH and SOFTPLUS first scan the chunk and, when every ``|x|`` is within the bound
+of libm's ``*_fast_inline`` forms (FMA for exact product errors, bit for bit the plain
+results there), use those; TANH and ELU use them everywhere.  Without FMA on the target
+the fast forms are the plain ones.
+
 Parameterised activations (``activate(..., negative_slope=, alpha=, beta=)``):
 
 * ``activation_forward_param(code, p, x_flat, out_flat) -> int``,
