@@ -450,6 +450,22 @@ def _drive(args, n, addr):
 _drive = _jit(_drive, parallel=True)
 
 
+try:
+    from numba._dispatcher import compute_fingerprint as _compute_fingerprint
+except ImportError:  # pragma: no cover - a numba without it: typeof every call
+    _compute_fingerprint = None
+
+
+def _fingerprint(args):
+    """Numba's type fingerprint of ``args`` (what its dispatchers key on), or None."""
+    if _compute_fingerprint is None:
+        return None
+    try:
+        return _compute_fingerprint(args)
+    except (TypeError, ValueError, NotImplementedError):
+        return None
+
+
 class SpanKernel:
     """A parallel kernel made of a serial span helper (``span(*args, t0, t1)``: the
     independent iterations ``t0 .. t1-1``) and the generic driver :func:`_drive`.
@@ -475,17 +491,24 @@ class SpanKernel:
 
     def address(self, args):
         """The native entry point of the span helper for the argument tuple ``args``
-        (compiled for those types first if needed)."""
-        argtys = nbtypeof(args).types
-        addr = self._addr.get(argtys)
+        (compiled for those types first if needed).  Looked up by Numba's C-level type
+        fingerprint of ``args`` (under a microsecond; ``numba.typeof`` of a tuple of
+        arrays takes hundreds)."""
+        key = _fingerprint(args)
+        addr = self._addr.get(key) if key is not None else None
         if addr is None:
-            sig = tuple(argtys) + (nbtypes.int64, nbtypes.int64)
-            self.span.compile(sig)
-            cres = self.span.overloads[sig]
-            if cres.signature.return_type != nbtypes.none:
-                raise TypeError(f"{self.__name__}: a span helper returns None")
-            addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
-            self._addr[argtys] = addr
+            argtys = nbtypeof(args).types
+            addr = self._addr.get(argtys)
+            if addr is None:
+                sig = tuple(argtys) + (nbtypes.int64, nbtypes.int64)
+                self.span.compile(sig)
+                cres = self.span.overloads[sig]
+                if cres.signature.return_type != nbtypes.none:
+                    raise TypeError(f"{self.__name__}: a span helper returns None")
+                addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+                self._addr[argtys] = addr
+            if key is not None:
+                self._addr[key] = addr
         return addr
 
     def run(self, n, work, *args):
