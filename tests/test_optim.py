@@ -211,3 +211,15 @@ def test_deterministic_across_threads():
         for a in q + r + list(s.second_moments) + list(t.momentum_buffers):
             sys.stdout.buffer.write(a.tobytes())
     """)
+
+
+def test_adamw_bias_correction_power_is_correctly_rounded():
+    # 1 - beta**t cancels (beta2 = 0.9999 at step 3 loses 12 bits), so beta**t must be
+    # the correctly rounded power, as the formula's reference computes it
+    from fractions import Fraction
+    from hmath_dl.optim import _power
+    rng = np.random.default_rng(5)
+    betas = [0.0, 0.5, 0.9, 0.95, 0.99, 0.999, 0.9999, 0.99999] + list(rng.uniform(0.3, 1, 60))
+    for b in betas:
+        for t in (1, 2, 3, 4, 5, 7, 10, 31, 100, 1000):
+            assert _power(float(b), t) == float(Fraction(float(b)) ** t), (b, t)
