@@ -479,22 +479,3 @@ def reduced_tiled(a, b, mbits, bias, out, exact_fma, parallel=True):
     fused = bool(exact_fma(*((float(m[0]), None if st[1] == _NONE else float(m[1]))
                              for m, st in zip(mags, (stats_a, stats_b)))))
     return int(pick(gemm_f32_tiled)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))
-
-
-def matmul_f32_seq(a, b, out, fused, parallel=True):
-    """The tiled path from float32 operands already holding 16-bit values: ``out [M, N]``
-    (float64, C-contiguous) = the sequential-k float32 product of the C-contiguous
-    float32 ``a [M, K]`` and ``b [K, N]`` (K, M, N >= 1), as :func:`gemm_f32_seq`
-    specifies it, bit for bit.  Returns the first flat index of a non-finite output, or
-    -1.  ``parallel=False`` runs every kernel's serial compilation (the same bits)."""
-    from .gemm_f64 import _pack_a, _pack_b, _workspace
-    M, K = a.shape
-    N = b.shape[1]
-    Mp, T, Np, bpp, tpp = _tiles(M, N)
-    apk = _workspace("a32", Mp * K, np.float32)
-    bpk = _workspace("b32", Np * K, np.float32)
-    c = _workspace("c32", Mp * Np, np.float32)
-    pick = (lambda k: k) if parallel else (lambda k: k.serial)
-    pick(_pack_a)(a, apk, K)
-    pick(_pack_b)(b, bpk, K, T)
-    return int(pick(gemm_f32_tiled)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))
