@@ -13,7 +13,9 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import DomainError, NonFiniteError, ShapeError
+from .errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
+from ._kernels.status import NO_INDEX, NONFINITE_INPUT, NONFINITE_SOMEWHERE, OK, OVERFLOW, \
+    ZERO_SLICE
 
 # Outputs larger than this many bytes are refused before allocation (ShapeError).
 from .config import MAX_ALLOC_BYTES  # noqa: E402  (HMATH_DL_MAX_ALLOC_BYTES)
@@ -258,3 +260,62 @@ def readonly(arr: np.ndarray) -> np.ndarray:
 def owned_readonly(x: np.ndarray) -> np.ndarray:
     """A private read-only copy of ``x`` (so nobody else can write to it)."""
     return readonly(np.array(x, dtype=x.dtype, order="C", copy=True))
+
+
+# --------------------------------------------------------------------------- kernel verdicts
+def located(index) -> Tuple[int, Optional[int]]:
+    """``(code, unit)`` of an index-valued kernel report (see :mod:`._kernels.status`):
+    ``NO_INDEX`` -> ``(OK, None)``, ``NONFINITE_SOMEWHERE`` -> ``(NONFINITE_INPUT, None)``,
+    a flat index ``i >= 0`` -> ``(OVERFLOW, i)``."""
+    i = int(index)
+    if i == NO_INDEX:
+        return OK, None
+    if i == NONFINITE_SOMEWHERE:
+        return NONFINITE_INPUT, None
+    return OVERFLOW, i
+
+
+def _first_bad(verdict, out):
+    """``(code, unit)`` of the first bad unit of a kernel verdict, or None when all is well."""
+    if verdict is None:                                  # the kernel did not check: scan
+        return None if is_finite(out) else (OVERFLOW, None)
+    if isinstance(verdict, (bool, np.bool_)):
+        return None if verdict else (OVERFLOW, None)
+    if isinstance(verdict, np.ndarray):                  # one Status code per unit
+        if not verdict.any():
+            return None
+        unit = int(np.flatnonzero(verdict)[0])
+        return int(verdict.reshape(-1)[unit]), unit
+    if isinstance(verdict, tuple):                       # (code, unit)
+        code, unit = verdict
+        return None if int(code) == OK else (int(code), None if unit is None else int(unit))
+    code = int(verdict)                                  # one Status code
+    return None if code == OK else (code, None)
+
+
+def finish(fname: str, verdict, *, overflow, inputs=(), out=None, zero_slice=None):
+    """The one finishing step of a facade after a kernel call: returns ``out`` when the
+    kernel's ``verdict`` says all is well, else raises the documented error.
+
+    ``verdict`` (the shapes of :mod:`hmath_dl._kernels.status`): ``None`` (the kernel did not
+    check: ``out`` is scanned, a NaN/inf in it is an overflow); a bool (True: all finite);
+    one ``Status`` code; an int array of codes, one per unit (row, channel, slice), whose
+    first non-OK entry is reported; or a ``(code, unit)`` pair (see :func:`located`).
+
+    On failure, every ``(name, array)`` of ``inputs`` is first scanned in order
+    (:func:`require_finite`: NonFiniteError naming the argument and the first bad index --
+    a NaN/inf input is reported before an overflow); then a ``ZERO_SLICE`` unit raises
+    ``DomainError(f"{fname}: {zero_slice(unit)}")`` when ``zero_slice`` is given, and any
+    other verdict ``NumericOverflow(f"{fname}: {text}")``, ``text`` being ``overflow`` or,
+    when that is callable, ``overflow(unit, code)``.
+    """
+    bad = _first_bad(verdict, out)
+    if bad is None:
+        return out
+    for name, arr in inputs:
+        require_finite(fname, name, arr)
+    code, unit = bad
+    if code == ZERO_SLICE and zero_slice is not None:
+        raise DomainError(f"{fname}: {zero_slice(unit)}")
+    text = overflow(unit, code) if callable(overflow) else overflow
+    raise NumericOverflow(f"{fname}: {text}")
