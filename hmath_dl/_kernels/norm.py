@@ -27,8 +27,10 @@ so that ``max|x| * s < 1``; the normalised output is then
 ``(x s - mean_s) / sqrt(var_s + eps s**2)``, mathematically identical.  The fast path
 uses ``s = 1`` (multiplying by 1.0 is exact).
 
-Status codes (one int8 per group): 0 ok, 1 the group holds a NaN/inf input, 2 a result
-is not representable.  The facades turn them into NonFiniteError / NumericOverflow.
+Status codes (one int8 per group, :mod:`.status`): OK, NONFINITE_INPUT (the group holds a
+NaN/inf input), OVERFLOW (a result is not representable) and, for weight norm, ZERO_SLICE
+(the slice is all zeros).  The facades turn them into NonFiniteError / NumericOverflow /
+DomainError with :func:`hmath_dl._checks.finish`.
 """
 
 import math
@@ -37,10 +39,8 @@ import numpy as np
 from numba import prange
 
 from ._jit import helper, kernel, span_kernel
-
-OK = 0
-NONFINITE_INPUT = 1
-OVERFLOW = 2
+from .checks import span_finite
+from .status import NONFINITE_INPUT, OK, OVERFLOW, ZERO_SLICE
 
 _HUGE = 1.0e300
 _CHUNK = 2048  # elements per cache-resident chunk of the one-pass statistics
@@ -347,7 +347,7 @@ def _normalize_row_affine(x, r, n, eps, center, acc, w, b, has_b, per_elem, G, c
                 else:
                     for i in range(np.uint64(S)):
                         oseg[i] = ((seg[i] * s - m) * inv) * wc
-    if check and not _seg_finite(orow):
+    if check and not span_finite(orow, 0, orow.shape[0]):
         status[r] = OVERFLOW
 
 
@@ -388,31 +388,10 @@ def batch_norm_train(x, N, C, S, eps, gamma, beta, lanes, out, mean, var, status
                 status[c] = OVERFLOW
 
 
-@helper
-def _seg_finite(a):
-    """True iff every element of the 1-D ``a`` is finite (``v * 0`` is NaN exactly for
-    NaN/inf; eight independent accumulators)."""
-    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = 0.0
-    n = a.shape[0]
-    n8 = n - n % 8
-    for i in range(0, n8, 8):
-        c0 += a[i] * 0.0
-        c1 += a[i + 1] * 0.0
-        c2 += a[i + 2] * 0.0
-        c3 += a[i + 3] * 0.0
-        c4 += a[i + 4] * 0.0
-        c5 += a[i + 5] * 0.0
-        c6 += a[i + 6] * 0.0
-        c7 += a[i + 7] * 0.0
-    for i in range(n8, n):
-        c0 += a[i] * 0.0
-    return ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)) == 0.0
-
-
 @span_kernel(iterations=lambda x, N, C, *rest: C, work=lambda x, *rest: x.size)
 def batch_norm_apply(x, N, C, S, scale, shift, center, out, status, t0, t1):
     """``out = (x - center[c]) * scale[c] + shift[c]`` on the flat ``[N, C, S]`` ``x``
-    (batch norm inference); ``status[c]`` is OVERFLOW (2) when the channel's outputs are
+    (batch norm inference); ``status[c]`` is OVERFLOW when the channel's outputs are
     not all finite (the facade then tells a non-finite input from an overflow).  A span
     kernel over the channels ``t0 .. t1-1`` (:class:`~._jit.SpanKernel`; called without
     them)."""
@@ -428,7 +407,7 @@ def batch_norm_apply(x, N, C, S, scale, shift, center, out, status, t0, t1):
             oseg = out[st:st + S]
             for i in range(S):
                 oseg[i] = (seg[i] - m) * a + b
-            ok = ok and _seg_finite(oseg)  # the segment is still in L1
+            ok = ok and span_finite(oseg, 0, S)  # the segment is still in L1
         status[c] = OK if ok else OVERFLOW
 
 
@@ -481,7 +460,7 @@ def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
     ``[P, A, Q]`` array ``w``.  The norm uses an exact
     power-of-two scaling ``s`` with ``max|w_i| * s`` in ``[0.5, 1)``, so the squares
     neither overflow nor underflow: ``||w_i|| = sqrt(sum((w s)**2)) / s``.  status:
-    0 ok, 1 a NaN/inf in the slice, 2 overflow, 3 zero slice."""
+    OK, NONFINITE_INPUT (a NaN/inf in the slice), OVERFLOW, ZERO_SLICE (all zeros)."""
     for i in prange(A):
         base = i * Q
         acc = np.empty(lanes)
@@ -491,7 +470,7 @@ def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
             mx = max(mx, _maxabs(w[st:st + Q], acc))
         if mx == 0.0:  # all zeros, or NaNs that the max ignored
             ok = _group_all_finite(w, base, P, Q, A * Q)
-            status[i] = 3 if ok else NONFINITE_INPUT
+            status[i] = ZERO_SLICE if ok else NONFINITE_INPUT
             continue
         if not (mx - mx == 0.0):
             status[i] = NONFINITE_INPUT

@@ -22,6 +22,7 @@ import numpy as np
 from numba import prange
 
 from ._jit import helper, kernel
+from .status import OK, OVERFLOW, ZERO_SLICE
 
 _COLS = 256  # columns per parallel block of affine_grads_elem
 
@@ -106,8 +107,9 @@ def weight_norm_backward(w, g, P, A, Q, magnitudes, dw, dmag, status):
         dmag[i] = (sum g (w s)) rq              (= sum g u)
         dw      = (m_i rq s) (g - u dmag[i])     (= m_i / ||w_i|| (g - u (u . g)))
 
-    Sums run over ``p`` increasing, then ``q`` increasing.  ``status[i]``: 0 ok, 2 a
-    gradient is not finite (beyond the float64 range), 3 the slice is all zeros.
+    Sums run over ``p`` increasing, then ``q`` increasing.  ``status[i]``
+    (:mod:`.status`): OK, OVERFLOW (a gradient is not finite: beyond the float64 range),
+    ZERO_SLICE (the slice is all zeros).
     """
     for i in prange(A):
         base = i * Q
@@ -119,7 +121,7 @@ def weight_norm_backward(w, g, P, A, Q, magnitudes, dw, dmag, status):
                 if v > mx:
                     mx = v
         if mx == 0.0:
-            status[i] = 3
+            status[i] = ZERO_SLICE
             continue
         f0, e = math.frexp(mx)
         if e < -1020:
@@ -145,7 +147,7 @@ def weight_norm_backward(w, g, P, A, Q, magnitudes, dw, dmag, status):
                 d = f * (g[st + k] - u * dm)
                 dw[st + k] = d
                 ok = ok and d - d == 0.0
-        status[i] = 0 if ok else 2
+        status[i] = OK if ok else OVERFLOW
 
 
 # serial twins (same functions compiled without threads) for small calls: see

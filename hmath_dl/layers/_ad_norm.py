@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff.core import make_node, register_vjp
-from ..errors import NumericOverflow
+from .. import _checks
 from ._ad_common import _ad, _c, _named, _opt_ad
 
 
@@ -333,10 +333,9 @@ def _vjp_weight_norm(g, node, needs):
         status = np.zeros(a, dtype=np.int8)
         weight_norm_backward.sized(w.size)(_c(w.value).reshape(-1), _c(g).reshape(-1), p, a,
                                            q, _c(mags.value), dw.reshape(-1), dm, status)
-        if status.any():
-            i = int(np.flatnonzero(status)[0])
-            raise NumericOverflow(f"weight_norm_ad: gradient is not finite for slice {i} "
-                                  f"(beyond the float64 range)")
+        _checks.finish("weight_norm_ad", status,
+                       overflow=lambda i, code: (f"gradient is not finite for slice {i} "
+                                                 f"(beyond the float64 range)"))
     return (dm, dw)
 
 

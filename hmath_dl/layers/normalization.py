@@ -29,8 +29,6 @@ from .dropout import Mode
 __all__ = ["BatchNormState", "batch_norm", "layer_norm", "instance_norm", "group_norm",
            "rms_norm", "weight_norm"]
 
-_OK, _NONFINITE, _OVERFLOW, _ZERO = 0, 1, 2, 3
-
 
 # --------------------------------------------------------------------------- helpers
 def _epsilon(fname, epsilon):
@@ -38,19 +36,15 @@ def _epsilon(fname, epsilon):
 
 
 def _raise_status(fname, status, xa, what="x", unit="row"):
-    """Turn kernel status codes into the library's errors."""
-    bad = np.flatnonzero(status)
-    if bad.size == 0:
-        return
-    if (status == _NONFINITE).any():  # a NaN/inf input is reported before anything else
-        _checks.require_finite(fname, what, xa)
-    first = int(bad[0])
-    code = int(status[first])
-    if code == _ZERO:
-        raise DomainError(f"{fname}: {unit} {first} of {what} is all zeros (its norm is 0; "
-                          f"expected a non-zero slice)")
-    raise NumericOverflow(f"{fname}: result is not finite for {unit} {first} "
-                          f"(intermediate values exceed the float64 range)")
+    """The kernels' per-unit status codes (:mod:`.._kernels.status`) through the one
+    finishing step: a NaN/inf in ``xa`` is reported before anything else, then the first
+    bad unit (ZERO_SLICE: DomainError, anything else: NumericOverflow)."""
+    _checks.finish(
+        fname, status, inputs=((what, xa),),
+        zero_slice=lambda i: (f"{unit} {i} of {what} is all zeros (its norm is 0; "
+                              f"expected a non-zero slice)"),
+        overflow=lambda i, code: (f"result is not finite for {unit} {i} "
+                                  f"(intermediate values exceed the float64 range)"))
 
 
 def _rows(fname, xa, rows, n, eps, center):
@@ -241,9 +235,7 @@ def batch_norm(mode, momentum, epsilon, gamma, beta, state, x):
         scale = g / (2.0 * np.sqrt(0.25 * rv + 0.25 * eps))
         batch_norm_apply(xa.reshape(-1), n, c, s, scale, b, state.running_mean,
                          out.reshape(-1), status)
-        if status.any():
-            _checks.require_finite(fname, "x", xa)
-            _raise_status(fname, status, xa, unit="channel")
+        _raise_status(fname, status, xa, unit="channel")   # scans x first on a bad status
         return out, state
 
     m = n * s
