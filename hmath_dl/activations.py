@@ -17,7 +17,7 @@ import enum
 import numpy as np
 
 from . import _checks
-from .errors import DomainError, NumericOverflow
+from .errors import DomainError
 
 __all__ = ["Activation", "activate", "ACTIVATION_CODES"]
 
@@ -143,15 +143,12 @@ def activate(activation, x, *, negative_slope=None, alpha=None, beta=None):
         from ._kernels.elementwise import sized_forward_param
 
         status = sized_forward_param(arr.size)(act.value, p, arr.reshape(-1), out.reshape(-1))
-        if status != 0:
-            _checks.require_finite(fname, "x", arr)
-            raise NumericOverflow(f"{fname}: {act.name} with parameter {p!r} produced a "
-                                  f"non-finite result (beyond the float64 range)")
-        return out
+        return _checks.finish(fname, status, out=out, inputs=(("x", arr),),
+                              overflow=lambda i, code: (
+                                  f"{act.name} with parameter {p!r} produced a non-finite "
+                                  f"result (beyond the float64 range)"))
     from ._kernels.elementwise import sized_forward
 
     ok = sized_forward(arr.size)(act.value, arr.reshape(-1), out.reshape(-1))
-    if not ok:
-        _checks.require_finite(fname, "x", arr)
-        raise NumericOverflow(f"{fname}: {act.name} produced a non-finite result")
-    return out
+    return _checks.finish(fname, ok, out=out, inputs=(("x", arr),),
+                          overflow=lambda i, code: f"{act.name} produced a non-finite result")

@@ -67,9 +67,10 @@ Parameterised activations (``activate(..., negative_slope=, alpha=, beta=)``):
   SOFTPLUS is ``log1p(exp(p x)) / p`` in a form that neither overflows nor cancels (no
   linear cut-off); ``p x`` overflowing to ``+-inf`` gives the exact limits.  With the
   default parameters (0.01, 1.0, 1.0) every result is bitwise the unparameterised
-  kernels' (``1.0 * x`` and ``t / 1.0`` are exact).  They return 0 when all inputs and
-  outputs are finite, 1 when an input is NaN/inf, 2 when an input is finite but an output
-  is not (e.g. ``p x`` overflowing for a huge slope, or ``log 2 / p`` for a tiny beta).
+  kernels' (``1.0 * x`` and ``t / 1.0`` are exact).  They return a
+  :class:`~.status.Status` code: OK (0) when all inputs and outputs are finite,
+  NONFINITE_INPUT (1) when an input is NaN/inf, OVERFLOW (2) when an input is finite but
+  an output is not (e.g. ``p x`` overflowing for a huge slope, or ``log 2 / p`` for a tiny beta).
 
 Transcendentals: every ``exp``, ``expm1``, ``log1p``, ``tanh``, ``sigmoid`` and ``softplus``
 above is the library's own (:mod:`hmath_dl._kernels.libm`, each within 1 ulp, the same bits
@@ -87,6 +88,8 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import helper, kernel
+from .checks import span_finite
+from .status import NONFINITE_INPUT, OK, OVERFLOW
 from .libm import (SIGMOID_FAST_BOUND, SOFTPLUS_FAST_BOUND, _bits, _float, _ROUND_BITS,
                    _wide, exp_inline, expm1_fast_inline, expm1_inline, log1p_inline,
                    sigmoid_fast_inline, sigmoid_inline, softplus_fast_inline,
@@ -117,26 +120,6 @@ def _inl(fn):
     """Numba-IR inlining (``inline='always'``), as in :mod:`.libm`: the element functions
     below become part of each kernel's loop, which LLVM then vectorises."""
     return njit(inline="always", nogil=True, error_model="numpy")(fn)
-
-
-@helper
-def _chunk_finite(a, start, stop):
-    """True iff a[start:stop] is all finite (v * 0 is NaN exactly for NaN/inf v; eight
-    independent accumulators keep the check off the critical path)."""
-    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = 0.0
-    stop8 = start + (stop - start) // 8 * 8
-    for i in range(start, stop8, 8):
-        c0 += a[i] * 0.0
-        c1 += a[i + 1] * 0.0
-        c2 += a[i + 2] * 0.0
-        c3 += a[i + 3] * 0.0
-        c4 += a[i + 4] * 0.0
-        c5 += a[i + 5] * 0.0
-        c6 += a[i + 6] * 0.0
-        c7 += a[i + 7] * 0.0
-    for i in range(stop8, stop):
-        c0 += a[i] * 0.0
-    return ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)) == 0.0
 
 
 _sigmoid = sigmoid_inline    # the library's own (hmath_dl._kernels.libm): no libm call
@@ -704,13 +687,13 @@ def _pfwd_der_template(p, x_flat, out_flat, d_flat):
         xs = x_flat[lo:hi]
         a = _pfwd_span(p, xs, out_flat[lo:hi])
         b = _pder_span(p, xs, d_flat[lo:hi])
-        st[c] = a if a != 0 else b
+        st[c] = a if a != OK else b
     return _first(st)
 
 
 def _pfwd_span_template(p, xs, os):
-    """Status of one chunk: 1 if an input is not finite, else 2 if an output is not,
-    else 0.  ``p == _PDEF`` (the default parameter) runs the unparameterised ``_FDEF``
+    """Status of one chunk: NONFINITE_INPUT if an input is not finite, else OVERFLOW if
+    an output is not, else OK.  ``p == _PDEF`` (the default parameter) runs the unparameterised ``_FDEF``
     (the same bits, documented)."""
     nb = 0
     no = 0
@@ -728,7 +711,7 @@ def _pfwd_span_template(p, xs, os):
             r = _PF(p, v)
             no += not (abs(r) < _INF)
             os[i] = r
-    return 1 if nb != 0 else (2 if no != 0 else 0)
+    return NONFINITE_INPUT if nb != 0 else (OVERFLOW if no != 0 else OK)
 
 
 def _pder_span_template(p, xs, os):
@@ -740,7 +723,7 @@ def _pder_span_template(p, xs, os):
         r = _PD(p, v)
         no += not (abs(r) < _INF)
         os[i] = r
-    return 1 if nb != 0 else (2 if no != 0 else 0)
+    return NONFINITE_INPUT if nb != 0 else (OVERFLOW if no != 0 else OK)
 
 
 @helper
@@ -754,11 +737,11 @@ def _none(bad):
 
 @helper
 def _first(st):
-    """The first non-zero status of the chunks (0 when all are 0); chunks in order."""
+    """The first non-OK status of the chunks (OK when all are); chunks in order."""
     for c in range(st.shape[0]):
-        if st[c] != 0:
+        if st[c] != OK:
             return st[c]
-    return 0
+    return OK
 
 
 def _clone(template, name, **names):
@@ -851,7 +834,7 @@ del _ps, _pds
 
 @helper
 def _inputs_finite(x_flat):
-    return _chunk_finite(x_flat, 0, x_flat.shape[0])
+    return span_finite(x_flat, 0, x_flat.shape[0])
 
 
 # --------------------------------------------------------------------------- public entries
@@ -888,21 +871,21 @@ def activation_forward_serial(code, x_flat, out_flat):
     """:func:`activation_forward` compiled without threads (the same bits)."""
     if code not in _FORWARD:
         return bool(_inputs_finite(x_flat))
-    return _SPAN_FWD[code](x_flat, out_flat) == 0
+    return _SPAN_FWD[code](x_flat, out_flat) == 0  # a count of non-finite inputs
 
 
 def activation_derivative_serial(code, x_flat, out_flat):
     """:func:`activation_derivative` compiled without threads (the same bits)."""
     if code not in _DERIVATIVE:
         return bool(_inputs_finite(x_flat))
-    return _SPAN_DER[code](x_flat, out_flat) == 0
+    return _SPAN_DER[code](x_flat, out_flat) == 0  # a count of non-finite inputs
 
 
 def activation_forward_derivative_serial(code, x_flat, out_flat, d_flat):
     """:func:`activation_forward_derivative` compiled without threads (the same bits)."""
     if code not in _FORWARD_DERIVATIVE:
         return bool(_inputs_finite(x_flat))
-    return _SPAN_FWD_DER[code](x_flat, out_flat, d_flat) == 0
+    return _SPAN_FWD_DER[code](x_flat, out_flat, d_flat) == 0  # a count of non-finite inputs
 
 
 def _param_call(table, fallback, serial, code, p, x_flat, *outs):
@@ -910,16 +893,16 @@ def _param_call(table, fallback, serial, code, p, x_flat, *outs):
         k = table[code]
         return int(k.serial(p, x_flat, *outs) if serial else k(p, x_flat, *outs))
     # any other code: the unparameterised kernel (finite inputs give finite outputs)
-    return 0 if fallback(code, x_flat, *outs) else 1
+    return OK if fallback(code, x_flat, *outs) else NONFINITE_INPUT
 
 
 def activation_forward_param(code, p, x_flat, out_flat):
-    """``out_flat[i] = f_code(x_flat[i]; p)``; status 0 / 1 / 2 (see module doc)."""
+    """``out_flat[i] = f_code(x_flat[i]; p)``; a Status code (see module doc)."""
     return _param_call(_FORWARD_PARAM, activation_forward, False, code, p, x_flat, out_flat)
 
 
 def activation_derivative_param(code, p, x_flat, out_flat):
-    """``out_flat[i] = f_code'(x_flat[i]; p)``; status 0 / 1 / 2 (see module doc)."""
+    """``out_flat[i] = f_code'(x_flat[i]; p)``; a Status code (see module doc)."""
     return _param_call(_DERIVATIVE_PARAM, activation_derivative, False, code, p, x_flat,
                        out_flat)
 
@@ -964,7 +947,7 @@ def dropout_train(x_flat, u_flat, p, scale, out_flat):
             m = scale if u_flat[i] >= p else 0.0
             u_flat[i] = m
             out_flat[i] = x_flat[i] * m
-        ok[c] = _chunk_finite(out_flat, start, stop)
+        ok[c] = span_finite(out_flat, start, stop)
     for c in range(nchunks):
         if not ok[c]:
             return False
@@ -984,7 +967,7 @@ def apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat):
         for j in range(inner):
             out_flat[base + j] = x_flat[base + j] * m
             mask_flat[base + j] = m
-        ok[r] = _chunk_finite(out_flat, base, base + inner)
+        ok[r] = span_finite(out_flat, base, base + inner)
     for r in range(rows):
         if not ok[r]:
             return False

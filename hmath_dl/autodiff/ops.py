@@ -20,6 +20,7 @@ from .._kernels import libm
 from .._kernels import softmax as _sm
 from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
+from .._kernels.status import OK
 from ..errors import DomainError, IndexOutOfRange, NumericOverflow, ShapeError
 from .core import ADTensor, as_adtensor, make_node, register_vjp, unbroadcast
 
@@ -30,9 +31,9 @@ _shape = _checks.shape_str
 
 
 def _checked(fname: str, value: np.ndarray, what: str) -> np.ndarray:
-    if not _checks.is_finite(value):
-        raise NumericOverflow(f"{fname}: result is not finite ({what})")
-    return value
+    """``value`` after scanning it (:func:`hmath_dl._checks.finish` with no kernel verdict)."""
+    return _checks.finish(fname, None, out=value,
+                          overflow=lambda i, code: f"result is not finite ({what})")
 
 
 def _ad(fname, name, x):
@@ -410,7 +411,7 @@ def activate(activation, x, *, negative_slope=None, alpha=None, beta=None):
     else:
         from .._kernels.elementwise import sized_forward_derivative_param
         ok = sized_forward_derivative_param(x.size)(act.value, p, x.value.reshape(-1),
-                                                    value.reshape(-1), d.reshape(-1)) == 0
+                                                    value.reshape(-1), d.reshape(-1)) == OK
     if not ok:  # let the plain layer raise its error
         return make_node("activate", plain_activate(act, x.value, **opts), (x,),
                          (act.value, None, p))

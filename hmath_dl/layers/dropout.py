@@ -7,7 +7,6 @@ import enum
 import numpy as np
 
 from .. import _checks
-from ..errors import NumericOverflow
 from ..rng import RNG
 
 __all__ = ["Mode", "dropout", "spatial_dropout"]
@@ -40,6 +39,10 @@ def _common(fname, mode, p, rng, x, min_ndim):
 def _scale(p):
     # keep probability 1 - p; p == 1 drops everything (mask all 0, never 1/0)
     return 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+
+
+def _overflowed(p):
+    return f"x * mask is not finite (x / (1 - p) overflowed, p = {p!r})"
 
 
 def dropout(mode, p, rng, x):
@@ -90,9 +93,7 @@ def dropout(mode, p, rng, x):
         from .._kernels.elementwise import dropout_train
 
         ok = dropout_train(xa.reshape(-1), u.reshape(-1), p, _scale(p), y.reshape(-1))
-        if not ok:
-            _checks.require_finite(fname, "x", xa)
-            raise NumericOverflow(f"{fname}: x * mask is not finite (x / (1 - p) overflowed, p = {p!r})")
+        _checks.finish(fname, ok, inputs=(("x", xa),), overflow=lambda i, code: _overflowed(p))
     return y, u, rng.advanced(gen)
 
 
@@ -145,7 +146,5 @@ def spatial_dropout(mode, p, rng, x):
 
         inner = xa.size // (n * c)
         ok = apply_channel_mask(xa.reshape(-1), keep, inner, y.reshape(-1), mask.reshape(-1))
-        if not ok:
-            _checks.require_finite(fname, "x", xa)
-            raise NumericOverflow(f"{fname}: x * mask is not finite (x / (1 - p) overflowed, p = {p!r})")
+        _checks.finish(fname, ok, inputs=(("x", xa),), overflow=lambda i, code: _overflowed(p))
     return y, mask, rng.advanced(gen)
