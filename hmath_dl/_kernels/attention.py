@@ -31,9 +31,10 @@ Entry points
     exact-zero weight times a finite value).  A row without an allowed key is exact zeros
     in both outputs.
 
-    Returns ``(0, -1)`` on success, ``(1, r)`` when an allowed score of flat row
-    ``r = b * N + i`` is not finite (``q . k`` or ``+ bias`` overflowed), ``(2, r)`` when an
-    output of row ``r`` is not finite; ``r`` is the first such row.  The result is bitwise
+    Returns ``(status, row)`` (:mod:`.status`): ``(OK, -1)`` on success,
+    ``(SCORE_OVERFLOW, r)`` when an allowed score of flat row ``r = b * N + i`` is not
+    finite (``q . k`` or ``+ bias`` overflowed), ``(OVERFLOW, r)`` when an output of row
+    ``r`` is not finite; ``r`` is the first such row.  The result is bitwise
     independent of the number of threads (rows are independent; every sum has a fixed order).
 
 ``rotary_forward(x, base, offset, out) -> status``
@@ -41,7 +42,7 @@ Entry points
     ``(2i, 2i+1)`` rotates by ``(offset + s) * base ** (-(2i) / F)`` (the power as
     ``exp(-((2i)/F) log(base))``, sin/cos and exp/log the library's own, ``libm.py``: the
     same bits on every CPU).  Returns the index of the first non-finite output element
-    (flat), or -1.
+    (flat), or ``NO_INDEX`` (-1).
 """
 
 import numpy as np
@@ -49,6 +50,7 @@ from numba import prange
 
 from ._jit import helper, kernel
 from .libm import cos_inline, exp_inline, log_inline, sin_inline
+from .status import NO_INDEX, OK, OVERFLOW, SCORE_OVERFLOW
 
 # Query rows handled together: their scores are computed in one sweep over the keys so that
 # every key column is loaded once per block instead of once per row.
@@ -370,7 +372,7 @@ def _attend_block(q, kt, v, mask, bias, out, weights, b, bk, i0, nr, mb, bb, s, 
         _zero(wr[:a])
         _zero(wr[z + 1:])
         if not _softmax_row(sr, mr, br, dense[r], has_bias, sqrt_d, inv_d, wr[a:z + 1], bits):
-            status[b * n_q + i] = 1
+            status[b * n_q + i] = SCORE_OVERFLOW
             live[r] = False
             _zero(wr)
     # out = weights @ v over the keys blo..bhi, increasing j (weights of masked keys are
@@ -393,7 +395,7 @@ def _attend_block(q, kt, v, mask, bias, out, weights, b, bk, i0, nr, mb, bb, s, 
             for c in range(f):
                 acc += orow[c] * 0.0
             if acc != 0.0:
-                status[b * n_q + i] = 2
+                status[b * n_q + i] = OVERFLOW
 
 
 @kernel
@@ -440,9 +442,9 @@ def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale):
             _attend_block(q, kt, v, mask, bias, out, weights, b, b // gkv, i0, nr, b // gm,
                           b // gb, s, bits, lo, hi, dense, live, zw, scratch, status, scale)
     for r in range(nb * n_q):
-        if status[r] != 0:
+        if status[r] != OK:
             return np.int64(status[r]), np.int64(r)
-    return np.int64(0), np.int64(-1)
+    return np.int64(OK), np.int64(NO_INDEX)
 
 
 @helper
@@ -490,7 +492,7 @@ def _rotary_forward(x, base, offset, out):
             for c in range(f):
                 if not np.isfinite(out[r, s, c]):
                     return np.int64(t * f + c)
-    return np.int64(-1)
+    return np.int64(NO_INDEX)
 
 
 def _readonly(a):

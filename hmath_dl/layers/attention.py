@@ -17,6 +17,7 @@ from .. import _checks
 from .._kernels import libm
 from .._kernels.attention import attention_forward, rotary_forward
 from .._kernels.softmax import apply as libm_apply
+from .._kernels.status import SCORE_OVERFLOW
 from ..errors import DomainError, NumericOverflow, ShapeError
 
 __all__ = ["scaled_dot_product_attention", "multihead_attention", "causal_mask",
@@ -147,16 +148,16 @@ def _attention(fname, q, k, v, mask, bias, groups=1, scale=0.0):
                                     v.reshape(b // groups, m, f), mk, bs,
                                     out.reshape(b, n, f), weights.reshape(b, n, m),
                                     groups, scale)
-    if status != 0:
-        where = tuple(int(i) for i in np.unravel_index(int(row), tuple(lead) + (n,)))
-        if status == 1:
-            raise NumericOverflow(
-                f"{fname}: an attention score of query row {where} is not finite "
-                f"(q k^T * scale + bias overflowed float64)")
-        raise NumericOverflow(
-            f"{fname}: the output of query row {where} is not finite "
-            f"(weights @ v overflowed float64)")
+    _checks.finish(fname, (status, row), overflow=lambda r, code: _row_overflow(lead, n, r, code))
     return out, weights
+
+
+def _row_overflow(lead, n, row, code):
+    where = tuple(int(i) for i in np.unravel_index(int(row), tuple(lead) + (n,)))
+    if code == SCORE_OVERFLOW:
+        return (f"an attention score of query row {where} is not finite "
+                f"(q k^T * scale + bias overflowed float64)")
+    return f"the output of query row {where} is not finite (weights @ v overflowed float64)"
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, is_causal=False,
@@ -312,15 +313,18 @@ def _multihead(fname, heads, q, k, v, mask, scale, is_causal):
     outs = _checks.alloc(fname, (b * h, n, f // h))
     weights = _checks.alloc(fname, (b * h, n, m))
     status, row = attention_forward(qs, ks, vs, mk, _NO_BIAS, outs, weights, 1, sc)
-    if status != 0:
-        bh, i = divmod(int(row), n)
-        bi, head = divmod(bh, h)
-        where = tuple(int(x) for x in np.unravel_index(bi, lead)) + (i,) if lead else (i,)
-        what = "an attention score" if status == 1 else "the output"
-        raise NumericOverflow(f"{fname}: {what} of head {head}, query row {where} is not "
-                              f"finite (float64 overflow)")
+    _checks.finish(fname, (status, row),
+                   overflow=lambda r, code: _head_overflow(lead, n, h, r, code))
     out[...] = outs.reshape(lead + (h, n, f // h)).swapaxes(-3, -2).reshape(lead + (n, f))
     return out, weights
+
+
+def _head_overflow(lead, n, h, row, code):
+    bh, i = divmod(int(row), n)
+    bi, head = divmod(bh, h)
+    where = tuple(int(x) for x in np.unravel_index(bi, lead)) + (i,) if lead else (i,)
+    what = "an attention score" if code == SCORE_OVERFLOW else "the output"
+    return f"{what} of head {head}, query row {where} is not finite (float64 overflow)"
 
 
 def causal_mask(queries, keys, offset):
@@ -402,11 +406,9 @@ def rotary_embedding(base, offset, x):
         return out
     r = _prod(xa.shape[:-2])
     bad = rotary_forward(xa.reshape(r, s, f), b, np.int64(off), out.reshape(r, s, f))
-    if bad >= 0:
-        where = tuple(int(i) for i in np.unravel_index(int(bad), xa.shape))
-        raise NumericOverflow(f"{fname}: the rotated value at index {where} is not finite "
-                              f"(float64 overflow)")
-    return out
+    return _checks.finish(fname, _checks.located(bad), out=out, overflow=lambda i, code: (
+        f"the rotated value at index {tuple(int(j) for j in np.unravel_index(i, xa.shape))} "
+        f"is not finite (float64 overflow)"))
 
 
 def sinusoidal_encoding(positions, features, offset):
