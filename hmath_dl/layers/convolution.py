@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _checks
 from .._kernels.conv import conv_nd, conv_transpose_nd
-from ..errors import DomainError, NumericOverflow, ShapeError
+from ..errors import DomainError, ShapeError
 
 __all__ = ["ConvOptions", "convolution", "transposed_convolution", "depthwise_convolution"]
 
@@ -176,19 +176,13 @@ def _check_output_size(fname, sizes, formula):
                 f"({formula(a)}; expected >= 1)")
 
 
-def _finite_result(fname, out):
-    if not _checks.is_finite(out):
-        raise NumericOverflow(f"{fname}: the result overflows float64 "
-                              f"(a non-finite value in the output of shape {_checks.shape_str(out.shape)})")
-    return out
-
-
 def _checked(fname, out, finite):
-    """``out`` after the finiteness verdict of the kernel (``finite`` True/False), or after
-    scanning it when the kernel path did not check (``finite`` None)."""
-    if finite is None or not finite:
-        return _finite_result(fname, out)       # raises NumericOverflow when not finite
-    return out
+    """``out`` after the finiteness verdict of the kernel: ``finite`` True is trusted;
+    False, or None (the kernel path did not check), has ``out`` scanned
+    (:func:`hmath_dl._checks.finish`; NumericOverflow when it is not finite)."""
+    return _checks.finish(fname, True if finite else None, out=out, overflow=lambda i, code: (
+        f"the result overflows float64 (a non-finite value in the output of shape "
+        f"{_checks.shape_str(out.shape)})"))
 
 
 def _forward(fname, x, w, bias, stride, padding, dilation, groups, crop):

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _checks
 from .._kernels.gemm_f64 import matmul
-from ..errors import NumericOverflow, ShapeError
+from ..errors import ShapeError
 
 __all__ = ["dense"]
 
@@ -77,10 +77,7 @@ def dense(x, weights, bias):
     # back to the exact elementwise test
     with np.errstate(over="ignore", invalid="ignore"):
         total = out.sum()
-    if not (np.isfinite(total) or np.isfinite(out).all()):
-        _checks.require_finite(fname, "x", xa)
-        _checks.require_finite(fname, "weights", w)
-        if b is not None:
-            _checks.require_finite(fname, "bias", b)
-        raise NumericOverflow(f"{fname}: result is not finite (x @ weights.T + bias overflowed)")
-    return out
+    finite = bool(np.isfinite(total) or np.isfinite(out).all())
+    inputs = (("x", xa), ("weights", w)) + ((("bias", b),) if b is not None else ())
+    return _checks.finish(fname, finite, out=out, inputs=inputs,
+                          overflow="result is not finite (x @ weights.T + bias overflowed)")

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import _checks
 from .._kernels.pool import adaptive_bounds, global_pool, pool_box_nd, readonly
-from ..errors import DomainError, IndexOutOfRange, NumericOverflow, ShapeError
+from ..errors import DomainError, IndexOutOfRange, ShapeError
 from .convolution import ShapeOrDomainError
 
 __all__ = ["PoolMode", "pooling", "max_pooling_with_indices", "max_unpooling",
@@ -114,17 +114,20 @@ def _input(fname, mode, x, name=None, spec=None):
     return mode, xb, unbatched
 
 
-def _raise_bad(fname, x, out):
-    _checks.require_finite(fname, "x", x)     # raises NonFiniteError naming the element
-    raise NumericOverflow(f"{fname}: a window sum overflows float64 "
-                          f"(non-finite value in the output of shape {_checks.shape_str(out.shape)})")
+def _finish_count(fname, bad, x, out):
+    """The pooling kernels' report (the number of bad (n, c) planes, 0 when all is well)
+    through the one finishing step: a NaN/inf in ``x`` is named first (NonFiniteError),
+    else NumericOverflow."""
+    _checks.finish(fname, bad == 0, inputs=(("x", x),), overflow=lambda i, code: (
+        f"a window sum overflows float64 (non-finite value in the output of shape "
+        f"{_checks.shape_str(out.shape)})"))
 
 
 def _run(fname, is_max, x, out_spatial, axes, unbatched=False):
     out = _checks.alloc(fname, x.shape[:2] + tuple(out_spatial))
-    if pool_box_nd(x, axes, is_max, out):
-        # (an unbatched input is named as the caller gave it)
-        _raise_bad(fname, x[0] if unbatched else x, out[0] if unbatched else out)
+    bad = pool_box_nd(x, axes, is_max, out)
+    # (an unbatched input is named as the caller gave it)
+    _finish_count(fname, bad, x[0] if unbatched else x, out[0] if unbatched else out)
     return out
 
 
@@ -493,9 +496,8 @@ def _global(fname, mode, x, plan=True):
     out = _checks.alloc(fname, x.shape[:2])
     if out.size:
         S5 = (1,) * (5 - x.ndim) + S
-        if global_pool(readonly(x.reshape((-1,) + S5)), mode is PoolMode.MAX,
-                       out.reshape(-1)):
-            _raise_bad(fname, x, out)
+        _finish_count(fname, global_pool(readonly(x.reshape((-1,) + S5)),
+                                         mode is PoolMode.MAX, out.reshape(-1)), x, out)
     if not plan:
         return out, None
     axes = [(_constant(1, 0), _constant(1, n), 1, _constant(1, n)) for n in S]
