@@ -32,6 +32,7 @@ from . import _cpu
 from ._jit import helper, kernel
 from ._simd import _ROW_MAXV, _VW, _make_micro_acc
 from .half import _NONE, round_run, run_verdict
+from .status import NO_INDEX
 
 # Tile shape from the numba TARGET (never the HMATH_DL_KERNELS override: the on-disk cache
 # key covers the target only).  AVX-512: 6 x 4 vectors of 16 float32 (24 zmm accumulators);
@@ -155,7 +156,7 @@ def _task(flat_a, b, out, fused, jb, g, group):
     """One task: column panel ``jb`` x row blocks ``[g*group, (g+1)*group)``.  Packs the B
     panel into a private buffer, runs the micro-kernel over the row blocks and converts
     each tile to float64.  Returns the first flat index of a non-finite output it wrote,
-    or -1."""
+    or NO_INDEX (-1)."""
     M, N = out.shape
     K = b.shape[0]
     mb = (M + MR - 1) // MR
@@ -179,7 +180,7 @@ def _task(flat_a, b, out, fused, jb, g, group):
                 v = np.float64(tile[r * NR + c])
                 out[i0 + r, j0 + c] = v
                 nonfinite |= np.int64(v * 0.0 != 0.0)   # NaN exactly for NaN/+-inf
-    bad = np.int64(-1)
+    bad = np.int64(NO_INDEX)
     if nonfinite != 0:                              # rare: find the first offending output
         for i in range(g * group * MR, min(M, (g + 1) * group * MR)):
             for j in range(j0, j0 + width):
@@ -204,7 +205,7 @@ def gemm_f32_seq(a, b, out, fused):
     """``out[i, j] = float64(acc)`` as described in the module docstring.  ``a`` [M, K] and
     ``b`` [K, N] are C-contiguous float32 (K >= 1), ``out`` [M, N] float64.  Returns the
     first flat index of a non-finite output (a product or the accumulator reached +-inf),
-    or -1.
+    or NO_INDEX (-1).
 
     ``fused``: use ``fma(a, b, acc)``.  ONLY valid (bit-identical to the separate multiply
     and add) when every product ``a[i,k] * b[k,j]`` is exact in float32, i.e. neither
@@ -218,11 +219,11 @@ def gemm_f32_seq(a, b, out, fused):
     ng, group = _tasks(M, N)
     ntasks = ((N + NR - 1) // NR) * ng
     flat_a = a.reshape(-1)
-    first_bad = np.full(ntasks, -1, dtype=np.int64)
+    first_bad = np.full(ntasks, NO_INDEX, dtype=np.int64)
     for t in prange(ntasks):
         jb = t // ng
         first_bad[t] = _task(flat_a, b, out, fused, jb, t - jb * ng, group)
-    best = np.int64(-1)
+    best = np.int64(NO_INDEX)
     for t in range(ntasks):
         if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
             best = first_bad[t]
@@ -238,7 +239,7 @@ def gemm_f32_seq_serial(a, b, out, fused):
     ng, group = _tasks(M, N)
     ntasks = ((N + NR - 1) // NR) * ng
     flat_a = a.reshape(-1)
-    best = np.int64(-1)
+    best = np.int64(NO_INDEX)
     for t in range(ntasks):
         jb = t // ng
         bad = _task(flat_a, b, out, fused, jb, t - jb * ng, group)
@@ -280,7 +281,7 @@ def gemm_f32_tiled(apk, bpk, c, K, Np, T, bpp, tpp, fused, out):
     ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), by the specification of this module
     (``fused``: ``fma``, valid only when every product is exact; see
     :func:`gemm_f32_seq`).  Returns the first flat index ``i*N + j`` of a non-finite
-    output, or -1.
+    output, or NO_INDEX (-1).
 
     Parallel over tasks of ``bpp`` row blocks x ``tpp`` tiles; each output's chain runs in
     one task, chunk after chunk in k order, and the task widens its own outputs while they
@@ -292,7 +293,7 @@ def gemm_f32_tiled(apk, bpk, c, K, Np, T, bpp, tpp, fused, out):
     pm = (nmb + bpp - 1) // bpp
     ntile = Np // T
     pn = (ntile + tpp - 1) // tpp
-    first_bad = np.full(pm * pn, -1, dtype=np.int64)
+    first_bad = np.full(pm * pn, NO_INDEX, dtype=np.int64)
     for t in prange(pm * pn):
         im = t // pn
         jn = t % pn
@@ -325,7 +326,7 @@ def gemm_f32_tiled(apk, bpk, c, K, Np, T, bpp, tpp, fused, out):
                             _s1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
         first_bad[t] = _widen(c, Np, out, b0 * TCB, min(M, b1 * TCB), t0 * T,
                               min(N, t1 * T))
-    best = np.int64(-1)
+    best = np.int64(NO_INDEX)
     for t in range(pm * pn):
         if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
             best = first_bad[t]
@@ -335,7 +336,7 @@ def gemm_f32_tiled(apk, bpk, c, K, Np, T, bpp, tpp, fused, out):
 @helper
 def _widen(c, Np, out, i0, i1, j0, j1):
     """``out[i0:i1, j0:j1] = float64(c)`` (flat float32 ``c`` of row length ``Np``);
-    returns the first flat index ``i*N + j`` of a non-finite value there, or -1."""
+    returns the first flat index ``i*N + j`` of a non-finite value there, or NO_INDEX (-1)."""
     N = out.shape[1]
     nonfinite = np.int64(0)
     for i in range(i0, i1):
@@ -350,7 +351,7 @@ def _widen(c, Np, out, i0, i1, j0, j1):
             for j in range(j0, j1):
                 if not np.isfinite(out[i, j]):
                     return np.int64(i) * N + j
-    return np.int64(-1)
+    return np.int64(NO_INDEX)
 
 
 @helper
@@ -460,7 +461,7 @@ def reduced_tiled(a, b, mbits, bias, out, exact_fma, parallel=True):
     ``exact_fma(range_a, range_b)`` decides from the operands' rounded magnitude ranges
     (largest, smallest non-zero or None) whether the fused kernel is exact.  Returns ``None`` when an operand holds NaN/inf or overflows in the
     format (nothing is computed: the caller's checked path names the entry), else the
-    first flat index of a non-finite output, or -1."""
+    first flat index of a non-finite output, or NO_INDEX (-1)."""
     from .gemm_f64 import _workspace
     M, K = a.shape
     N = b.shape[1]

@@ -20,6 +20,7 @@ from numba.extending import intrinsic
 from numba import prange
 
 from ._jit import helper, kernel
+from .status import NO_INDEX, NONFINITE_SOMEWHERE
 
 _ABS64 = np.int64(0x7FFFFFFFFFFFFFFF)
 _EXP_ALL_ONES = np.int64(0x7FF0000000000000)    # |bits| >= this: inf or NaN
@@ -79,8 +80,8 @@ def _round_one(x, u, mbits, bias, magic, inv_unit, top):
 @helper
 def round_to_bits(flat, out, mbits, bias):
     """Round the 1-D float64 array ``flat`` (finite values) into ``out`` (uint16).
-    Returns -2 if some entry is NaN/inf, else the first flat index whose value overflows
-    to +-inf, else -1.
+    Returns NONFINITE_SOMEWHERE (-2) if some entry is NaN/inf, else the first flat index
+    whose value overflows to +-inf, else NO_INDEX (-1) (:mod:`.status`).
 
     Serial on purpose: the loop vectorises and is memory-bound (about 1-2 ns per entry);
     a parallel launch costs more than it saves on the 2-core target."""
@@ -96,12 +97,12 @@ def round_to_bits(flat, out, mbits, bias):
         nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
         out[i] = np.uint16(r)
     if nonfinite != 0:
-        return np.int64(-2)
+        return np.int64(NONFINITE_SOMEWHERE)
     if over != 0:
         for i in range(n):
             if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
                 return np.int64(i)
-    return np.int64(-1)
+    return np.int64(NO_INDEX)
 
 
 @helper
@@ -134,7 +135,7 @@ def bits_to_float(bits, out, mbits, bias):
         for i in range(n):
             if (bits[i] & exp_mask) == exp_mask:
                 return np.int64(i)
-    return np.int64(-1)
+    return np.int64(NO_INDEX)
 
 
 @helper
@@ -165,12 +166,12 @@ def round_to_float(flat, out, mbits, bias, stats):
     stats[0] = mag_max
     stats[1] = mag_min
     if nonfinite != 0:
-        return np.int64(-2)
+        return np.int64(NONFINITE_SOMEWHERE)
     if over != 0:
         for i in range(n):
             if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
                 return np.int64(i)
-    return np.int64(-1)
+    return np.int64(NO_INDEX)
 
 
 # --------------------------------------------------------------------------- whole arrays
@@ -236,7 +237,7 @@ def run_verdict(st, bias):
     magnitude bits reach +inf's), else 1 if one rounds to +-inf (a rounded magnitude at
     or above 2**(bias + 1): the format's largest finite value is below it), else 0."""
     if st[2] >= _EXP_ALL_ONES:
-        return np.int64(-2)
+        return np.int64(NONFINITE_SOMEWHERE)
     return np.int64(st[0] >= (np.int64(bias + 1 + 1023) << 52))
 
 
@@ -249,7 +250,7 @@ def _first_overflow(flat, mbits, bias):
     for i in range(flat.shape[0]):
         if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
             return np.int64(i)
-    return np.int64(-1)
+    return np.int64(NO_INDEX)
 
 
 @kernel
@@ -270,10 +271,10 @@ def round_values_chunks(flat, out, mbits, bias):
         verdict[c] = run_verdict(st, bias)
     worst = np.int64(0)
     for c in range(nch):
-        if verdict[c] == -2:
-            return np.int64(-2)
+        if verdict[c] == NONFINITE_SOMEWHERE:
+            return np.int64(NONFINITE_SOMEWHERE)
         worst = max(worst, verdict[c])
-    return _first_overflow(flat, mbits, bias) if worst > 0 else np.int64(-1)
+    return _first_overflow(flat, mbits, bias) if worst > 0 else np.int64(NO_INDEX)
 
 
 @helper
@@ -308,8 +309,8 @@ def round_bits_chunks(flat, out, mbits, bias):
     for c in range(nch):
         worst |= flags[c]
     if worst >= 2:
-        return np.int64(-2)
-    return _first_overflow(flat, mbits, bias) if worst == 1 else np.int64(-1)
+        return np.int64(NONFINITE_SOMEWHERE)
+    return _first_overflow(flat, mbits, bias) if worst == 1 else np.int64(NO_INDEX)
 
 
 @helper
@@ -352,4 +353,4 @@ def decode_chunks(bits, out, mbits, bias):
             for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
                 if (np.int64(bits[i]) & exp_mask) == exp_mask:
                     return np.int64(i)
-    return np.int64(-1)
+    return np.int64(NO_INDEX)

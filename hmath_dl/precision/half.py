@@ -26,7 +26,8 @@ from .._kernels import gemm_reduced as _kgemm
 from .._kernels._cpu import machine as _machine
 from .._kernels._plan import forcing
 from ..config import SERIAL_WORK
-from ..errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
+from .._kernels.status import NO_INDEX, NONFINITE_SOMEWHERE
+from ..errors import DomainError, NonFiniteError, ShapeError
 
 __all__ = ["Precision", "round_to_bits", "bits_to_float", "round_to_precision", "reduced_gemm"]
 
@@ -59,11 +60,7 @@ def _round(fname: str, name: str, precision: Precision, arr: np.ndarray) -> np.n
         return out
     bad = int(_whole(_khalf.round_bits_chunks, arr.size)(arr.reshape(-1), out.reshape(-1),
                                                          mbits, bias))
-    if bad == -2:
-        _checks.require_finite(fname, name, arr)
-    if bad >= 0:
-        _overflow(fname, name, precision, arr, bad)
-    return out
+    return _finish_rounding(fname, name, precision, arr, bad, out)
 
 
 def _whole(kernel, n):
@@ -72,13 +69,20 @@ def _whole(kernel, n):
     return kernel.serial if n < SERIAL_WORK else kernel
 
 
-def _overflow(fname, name, precision, arr, bad):
+def _overflow(name, precision, arr, bad):
     fmax = _FORMAT[precision][2]
     value = float(arr.reshape(-1)[bad])
-    raise NumericOverflow(
-        f"{fname}: {name} has {value!r} at index {_where(arr.shape, bad)}, which rounds to "
-        f"{'-' if value < 0 else '+'}inf in {precision.name} (expected |value| to round to "
-        f"at most {fmax!r})")
+    return (f"{name} has {value!r} at index {_where(arr.shape, bad)}, which rounds to "
+            f"{'-' if value < 0 else '+'}inf in {precision.name} (expected |value| to round to "
+            f"at most {fmax!r})")
+
+
+def _finish_rounding(fname, name, precision, arr, bad, out=None):
+    """``out`` after a rounding kernel's index report ``bad`` (:mod:`.._kernels.status`):
+    NONFINITE_SOMEWHERE has ``arr`` scanned (NonFiniteError naming the entry), an index
+    >= 0 is the first entry that rounds to +-inf (NumericOverflow)."""
+    return _checks.finish(fname, _checks.located(bad), out=out, inputs=((name, arr),),
+                          overflow=lambda i, code: _overflow(name, precision, arr, i))
 
 
 def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np.ndarray:
@@ -208,24 +212,20 @@ def round_to_precision(precision, x) -> np.ndarray:
         return out
     status = int(_whole(_khalf.round_values_chunks, arr.size)(arr.reshape(-1), out.reshape(-1),
                                                               mbits, bias))
-    if status == -2:
-        _checks.require_finite(fname, "x", arr)
-    if status >= 0:
-        _overflow(fname, "x", precision, arr, status)
-    return out
+    return _finish_rounding(fname, "x", precision, arr, status, out)
 
 
 def _round_float32(fname: str, precision: Precision, arr: np.ndarray):
     """(float32 copy of ``arr`` rounded to ``precision``, kernel status, magnitude range):
-    every 16-bit value is a float32; status -2 = NaN/inf present, >= 0 first overflow,
-    -1 fine; the range is (largest |value|, smallest non-zero |value| or None)."""
+    every 16-bit value is a float32; status NONFINITE_SOMEWHERE = NaN/inf present, >= 0
+    first overflow, NO_INDEX fine (:mod:`.._kernels.status`); the range is (largest |value|, smallest non-zero |value| or None)."""
     mbits, bias, _ = _FORMAT[precision]
     out = _checks.alloc(fname, arr.shape, np.float32)
     if arr.size == 0:
-        return out, -1, (0.0, None)
+        return out, NO_INDEX, (0.0, None)
     stats = np.zeros(2, dtype=np.int64)
     status = int(_khalf.round_to_float(arr.reshape(-1), out.reshape(-1), mbits, bias, stats))
-    if status != -1:
+    if status != NO_INDEX:
         return out, status, None
     return out, status, _magnitude_range(precision, stats)
 
@@ -354,14 +354,11 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
             return _finish(fname, precision, out, bad)
     a32, status_a, range_a = _round_float32(fname, precision, a)
     b32, status_b, range_b = _round_float32(fname, precision, b)
-    if status_a == -2:                   # non-finite input is reported before any overflow
-        _checks.require_finite(fname, "a", a)
-    if status_b == -2:
-        _checks.require_finite(fname, "b", b)
-    if status_a >= 0:
-        _overflow(fname, "a", precision, a, status_a)
-    if status_b >= 0:
-        _overflow(fname, "b", precision, b, status_b)
+    for name, arr, status in (("a", a, status_a), ("b", b, status_b)):
+        if status == NONFINITE_SOMEWHERE:  # non-finite input is reported before any overflow
+            _checks.require_finite(fname, name, arr)
+    _finish_rounding(fname, "a", precision, a, status_a)
+    _finish_rounding(fname, "b", precision, b, status_b)
     if out.size == 0:
         return out
     if k == 0:
@@ -377,10 +374,12 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
 
 def _finish(fname, precision, out, bad):
     """``out``, unless the kernel reported the first non-finite output ``bad`` >= 0."""
-    if bad >= 0:
-        i, j = _where(out.shape, bad)
-        raise NumericOverflow(
-            f"{fname}: output [{i}, {j}] overflows float32 (a product or the float32 "
+    return _checks.finish(fname, _checks.located(bad), out=out,
+                          overflow=lambda k, code: _accumulator_overflow(precision, out, k))
+
+
+def _accumulator_overflow(precision, out, bad):
+    i, j = _where(out.shape, bad)
+    return (f"output [{i}, {j}] overflows float32 (a product or the float32 "
             f"accumulator reached {out[i, j]!r}; expected finite float32 sums of "
             f"{precision.name} products)")
-    return out
