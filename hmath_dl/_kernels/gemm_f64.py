@@ -13,7 +13,11 @@ build.
   nest -- column panels and row panels in parallel, then K in chunks of ``KC`` terms,
   then 6-row blocks of the packed ``a``, then tiles of ``VW*V`` columns
   (:func:`._simd._make_micro_acc`: 6 x 4 zmm accumulators on AVX-512, 6 x 2 ymm on AVX2),
-  each tile's chain continuing in ``c`` from chunk to chunk (exactly one chain);
+  each tile's chain continuing in ``c`` from chunk to chunk (exactly one chain); a batch
+  of products sharing ``a`` (the pointwise convolution) in one launch; outputs written
+  in place (the padding rows/columns of the edge tiles live in a per-task scratch), then
+  an epilogue while the task's outputs are in cache: ``+ bias`` per row or per column
+  and a count of non-finite outputs (:func:`gemm`);
 * :func:`gemm_rows` (portable): per output row, ``c_row = fma(a[m, k], b[k, :], c_row)``
   for k in order -- the same chains, vectorised across columns by the compiler.
 """
@@ -23,7 +27,7 @@ import threading
 import numpy as np
 from numba import prange
 
-from ._jit import kernel
+from ._jit import helper, kernel, span_kernel
 from ._simd import _ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block
 
 _CB = 6                     # rows of a per register block
@@ -39,51 +43,136 @@ _mv3 = _make_micro_acc(_CB, 3) if _ROW_MAXV >= 3 else _mv2
 _mv4 = _make_micro_acc(_CB, 4) if _ROW_MAXV >= 4 else _mv3
 
 
-@kernel
-def gemm_tiled(apk, bpk, c, K, Np, T):
-    """``c [Mp, Np] = a @ b`` by the specification above (``c`` is overwritten: the first
-    K chunk starts every chain at +0.0 without reading it).
+def _tasks(M, N, T, nb=1):
+    """``(pm, pn, tasks)``: row panels, column panels and parallel tasks of a product of
+    ``M`` rows and ``N`` columns (tiles ``T`` wide) for ``nb`` batches."""
+    nmb = -(-M // _CB)
+    ntile = -(-N // T)
+    tpp = max(1, _NC // T)
+    pm = -(-nmb // (_MC // _CB))
+    pn = -(-ntile // tpp)
+    return pm, pn, nb * pm * pn
 
-    ``apk`` is ``a [Mp, K]`` packed as ``[Mp/6, K, 6]`` (zero rows pad ``Mp`` to a multiple
-    of 6), ``bpk`` is ``b [K, Np]`` packed as ``[Np/T, K, T]`` (T = the tile width, zero
-    columns pad ``Np`` to a multiple of T), so both operands stream contiguously; flat
-    C-contiguous float64.  Parallel over (row panel, column panel) pairs; each output's
-    chain runs in one iteration, chunk after chunk in k order."""
-    Mp = c.shape[0] // Np if Np > 0 else 0
-    nmb = Mp // _CB
-    bpp = _MC // _CB
+
+@helper
+def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
+    """The register-tiled chains of one task: output rows of the 6-row blocks
+    ``b0 .. b1-1`` times the columns of the tiles ``t0 .. t1-1`` of the product whose
+    ``b`` panels start at ``bpk[bb]`` and whose output row ``m`` starts at ``c[cc + m*ldc]``.
+
+    BLIS's order: K in chunks of ``_KC`` terms; per chunk one tile's chunk of b (KC x T,
+    in L1) meets every 6-row block of the task's chunk of a (from L2), then the next
+    tile; each call prefetches the c tile of the next call.  Blocks with padding rows
+    (past ``M``) and the tile with padding columns (past ``N``) keep their chains in
+    ``scr`` (rows of T, the row-edge block's tiles first, then the column-edge tile's
+    blocks) instead of ``c``, so that only real outputs are ever written to ``c``:
+    :func:`_finish` copies them out.  The first chunk starts every chain at +0.0."""
+    nmb = (M + _CB - 1) // _CB
+    ntile = (N + T - 1) // T
+    redge = nmb - 1 if M % _CB else -1
+    cedge = ntile - 1 if N % T else -1
+    ce0 = (t1 - t0) * _CB * T
     V = T // _VW
+    for k0 in range(0, K, _KC):
+        nk = min(_KC, K - k0)
+        first = k0 == 0
+        for tile in range(t0, t1):
+            bbase = bb + (tile * K + k0) * T
+            for blk in range(b0, b1):
+                ab = (blk * K + k0) * _CB
+                if tile == cedge:
+                    dst = scr
+                    cb = ce0 + (blk - b0) * _CB * T
+                    cs = T
+                    pf = cb
+                elif blk == redge:
+                    dst = scr
+                    cb = (tile - t0) * _CB * T
+                    cs = T
+                    pf = cb
+                else:
+                    dst = c
+                    cb = cc + blk * _CB * ldc + tile * T
+                    cs = ldc
+                    pf = (cb + _CB * ldc if blk + 1 < b1
+                          else cc + b0 * _CB * ldc + (tile + 1) * T)
+                if V == 4:
+                    _mv4(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                elif V == 3:
+                    _mv3(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                elif V == 2:
+                    _mv2(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                else:
+                    _mv1(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+
+
+@helper
+def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
+    """The epilogue of one task of :func:`_panel` (its outputs still in cache): the
+    chains kept in ``scr`` copied to their outputs, then ``+ bias[m]`` (``mode`` 1) or
+    ``+ bias[n]`` (``mode`` 2) -- one rounding after the chain, as ``c + bias`` --, and
+    the number of non-finite outputs of the task returned."""
+    nmb = (M + _CB - 1) // _CB
+    ntile = (N + T - 1) // T
+    redge = nmb - 1 if M % _CB else -1
+    cedge = ntile - 1 if N % T else -1
+    ce0 = (t1 - t0) * _CB * T
+    n0 = t0 * T
+    n1 = min(N, t1 * T)
+    ncut = cedge * T if t0 <= cedge < t1 else n1
+    bad = 0
+    for m in range(b0 * _CB, min(M, b1 * _CB)):
+        blk = m // _CB
+        j = m - blk * _CB
+        row = cc + m * ldc
+        if blk == redge:
+            for n in range(n0, ncut):
+                tile = n // T
+                c[row + n] = scr[((tile - t0) * _CB + j) * T + n - tile * T]
+        for n in range(ncut, n1):
+            c[row + n] = scr[ce0 + ((blk - b0) * _CB + j) * T + n - ncut]
+        if mode == 1:
+            bm = bias[m]
+            for n in range(n0, n1):
+                c[row + n] += bm
+        elif mode == 2:
+            for n in range(n0, n1):
+                c[row + n] += bias[n]
+        for n in range(n0, n1):
+            v = c[row + n]
+            bad += (v - v) != 0.0
+    return bad
+
+
+@span_kernel()
+def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bias, mode, bad, t0, t1):
+    """For every batch ``i``: ``c_i [M, N] = a @ b_i`` by the specification above, then
+    ``+ bias`` (``mode`` 0: none, 1: ``bias[m]`` per row, 2: ``bias[n]`` per column), into
+    ``c[i*cstep + m*ldc + n]`` (only those elements are written: no padding in ``c``);
+    ``bad[task]`` = the number of non-finite outputs of each task.  K > 0.
+
+    ``apk`` is ``a [M, K]`` packed as ``[ceil(M/6), K, 6]`` (zero rows past ``M``),
+    ``bpk`` holds each ``b_i [K, N]`` at ``i*bstep``, packed as ``[ceil(N/T), K, T]`` (T
+    the tile width, zero columns past ``N``), so both operands stream contiguously.  A
+    span kernel over the tasks (batch, row panel, column panel) of :func:`_tasks`; each
+    output's chain runs in one task, chunk after chunk in k order."""
+    nmb = (M + _CB - 1) // _CB
+    ntile = (N + T - 1) // T
+    bpp = _MC // _CB
     tpp = max(1, _NC // T)
     pm = (nmb + bpp - 1) // bpp
-    ntile = Np // T
     pn = (ntile + tpp - 1) // tpp
-    for t in prange(pm * pn):
-        im = t // pn
-        jn = t % pn
-        b0 = im * bpp
+    edges = M % _CB != 0 or N % T != 0
+    for t in range(t0, t1):
+        i = t // (pm * pn)
+        r = t - i * (pm * pn)
+        b0 = (r // pn) * bpp
         b1 = min(nmb, b0 + bpp)
-        t0 = jn * tpp
-        t1 = min(ntile, t0 + tpp)
-        for k0 in range(0, K, _KC):
-            nk = min(_KC, K - k0)
-            first = k0 == 0          # the chains start here: +0.0, c is not read
-            # BLIS's order: one tile's chunk of b (KC x T, in L1) meets every 6-row block of
-            # the panel's chunk of a (from L2), then the next tile; each call prefetches the
-            # c tile of the next call (the next block's rows, or the next tile's first block)
-            for tile in range(t0, t1):
-                bbase = (tile * K + k0) * T
-                for blk in range(b0, b1):
-                    ab = (blk * K + k0) * _CB
-                    cb = blk * _CB * Np + tile * T
-                    pf = cb + _CB * Np if blk + 1 < b1 else b0 * _CB * Np + (tile + 1) * T
-                    if V == 4:
-                        _mv4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
-                    elif V == 3:
-                        _mv3(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
-                    elif V == 2:
-                        _mv2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
-                    else:
-                        _mv1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+        tb0 = (r % pn) * tpp
+        tb1 = min(ntile, tb0 + tpp)
+        scr = np.empty(((tb1 - tb0) + (b1 - b0)) * _CB * T if edges else 0)
+        _panel(apk, bpk, i * bstep, c, i * cstep, ldc, M, N, K, T, b0, b1, tb0, tb1, scr)
+        bad[t] = _finish(c, i * cstep, ldc, M, N, T, b0, b1, tb0, tb1, scr, bias, mode)
 
 
 @kernel
@@ -222,72 +311,102 @@ def _aligned(n, dtype=np.float64):
 
 
 _SERIAL_FMAS = 1 << 21      # below this many multiply-adds one thread does it (~0.2 ms)
+_NO_BIAS = np.zeros(1)
+_NO_BIAS.flags.writeable = False
+
+
+def tile_width(N):
+    """The register tile width (columns) of a product with ``N`` columns: the widest
+    tile, narrower for narrow products (whole vectors)."""
+    return min(_T, -(-N // _VW) * _VW)
+
+
+def pack_a(a, packs=False):
+    """``a [M, K]`` (C-contiguous, or the transpose of a C-contiguous array) packed for
+    :func:`gemm_tiled` into a reused workspace; ``packs`` True: serially."""
+    M, K = a.shape
+    apk = _workspace("a", -(-M // _CB) * K * _CB)
+    at = a.T if (not a.flags.c_contiguous and a.T.flags.c_contiguous) else None
+    if at is not None:
+        (_pack_at.serial if packs else _pack_at)(at, apk, K)
+    else:
+        (_pack_a.serial if packs else _pack_a)(np.ascontiguousarray(a), apk, K)
+    return apk
+
+
+def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_axis=0):
+    """Launch :func:`gemm_tiled` over every task (serially below ``_SERIAL_FMAS``
+    multiply-adds): ``nb`` products of the packed ``a`` with the packed ``b_i`` into the
+    flat ``c``, plus ``bias`` along output axis ``bias_axis`` (0: one value per row, 1:
+    per column).  Returns the number of non-finite outputs.  K > 0."""
+    mode = 0 if bias is None else 1 + int(bias_axis)
+    tasks = _tasks(M, N, T, nb)[2]
+    bad = np.zeros(tasks, dtype=np.int64)
+    small = nb * M * N * K < _SERIAL_FMAS
+    gemm_tiled.run(tasks, 0 if small else gemm_tiled.limit, apk, bpk, bstep, c, cstep, ldc,
+                   M, N, K, T, _NO_BIAS if bias is None else bias, mode, bad)
+    return int(bad.sum())
 
 
 def matmul(a, b, out=None, tiled=None):
     """``a [M, K] @ b [K, N]`` by the specification of this module (plain Python launcher:
     ``a``, ``b`` 2-D float64; returns a new C-contiguous ``[M, N]`` array, or fills
     ``out``).  ``tiled`` forces the path (None: the machine policy decides)."""
+    return gemm(a, b, out=out, tiled=tiled)[0]
+
+
+def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None):
+    """``(c, nonfinite)``: ``c = a [M, K] @ b [K, N]`` by the specification of this
+    module, then ``+ bias`` (a float64 vector along output axis ``bias_axis``: 1 adds
+    ``bias[n]`` to column n, 0 ``bias[m]`` to row m; one rounding after the chain), and
+    the number of non-finite elements of ``c`` (counted as it is written).  ``c`` is a
+    new C-contiguous array or ``out``; ``tiled`` forces the path (None: the machine
+    policy decides)."""
     from ._cpu import machine
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     M, K = a.shape
     N = b.shape[1]
-    # b given as the transpose of a C-contiguous array (w.T in dense, cols.T in the
-    # convolution gradient): pack from that array's rows instead of copying b first
-    bt = b.T if (not b.flags.c_contiguous and b.T.flags.c_contiguous) else None
-    if bt is None and not b.flags.c_contiguous:
-        b = np.ascontiguousarray(b)
-    if M == 0 or N == 0 or K == 0:
-        if out is None:
-            out = np.empty((M, N), dtype=np.float64)
-        out[...] = 0.0
-        return out
+    if out is None:
+        out = np.empty((M, N), dtype=np.float64)
+    if M == 0 or N == 0:
+        return out, 0
     if tiled is None:
         tiled = machine().tiled and M >= _CB      # fewer rows: packing b costs the product
-    small = M * N * K < _SERIAL_FMAS
-    # a given as the transpose of a C-contiguous array (x.T in a weight gradient): the
-    # tiled path packs from that array's rows instead of copying a first
-    at = a.T if (tiled and not a.flags.c_contiguous and a.T.flags.c_contiguous) else None
-    if at is None:
-        a = np.ascontiguousarray(a)
-    if not tiled:
-        if bt is not None:
-            b = np.ascontiguousarray(b)
-        if out is None:
-            out = np.empty((M, N), dtype=np.float64)
-        k = gemm_rows.serial if small else gemm_rows
-        if out.flags.c_contiguous:
-            k(a, b, out)
+    if K == 0 or not tiled:
+        if K == 0:
+            out[...] = 0.0
         else:
-            tmp = np.empty((M, N))
-            k(a, b, tmp)
-            out[...] = tmp
-        return out
-    Mp = -(-M // _CB) * _CB
-    T = min(_T, -(-N // _VW) * _VW)        # narrower tiles for narrow products
-    Np = -(-N // T) * T
-    packs = small or M * K + K * N < (1 << 16)      # copies too small to split
-    apk = _workspace("a", (Mp // _CB) * K * _CB)
-    if at is not None:
-        (_pack_at.serial if packs else _pack_at)(at, apk, K)
+            if not b.flags.c_contiguous:
+                b = np.ascontiguousarray(b)
+            a = np.ascontiguousarray(a)
+            k = gemm_rows.serial if M * N * K < _SERIAL_FMAS else gemm_rows
+            if out.flags.c_contiguous:
+                k(a, b, out)
+            else:
+                tmp = np.empty((M, N))
+                k(a, b, tmp)
+                out[...] = tmp
+        if bias is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                out += bias if bias_axis == 1 else bias[:, None]
+        with np.errstate(over="ignore", invalid="ignore"):
+            return out, int(out.size - np.count_nonzero(np.isfinite(out)))
+    T = tile_width(N)
+    packs = M * N * K < _SERIAL_FMAS or M * K + K * N < (1 << 16)   # copies too small to split
+    apk = pack_a(a, packs)
+    bpk = _workspace("b", -(-N // T) * K * T)
+    # b given as the transpose of a C-contiguous array (w.T in dense, cols.T in the
+    # convolution gradient): pack from that array's rows instead of copying b first
+    if not b.flags.c_contiguous and b.T.flags.c_contiguous:
+        (_pack_bt.serial if packs else _pack_bt)(b.T, bpk, K, T)
     else:
-        (_pack_a.serial if packs else _pack_a)(a, apk, K)
-    bpk = _workspace("b", (Np // T) * K * T)
-    if bt is not None:
-        (_pack_bt.serial if packs else _pack_bt)(bt, bpk, K, T)
-    else:
-        (_pack_b.serial if packs else _pack_b)(b, bpk, K, T)
-    direct = out is not None and Mp == M and Np == N and out.flags.c_contiguous
-    c = out if direct else np.empty((Mp, Np))       # K > 0: the kernel writes every element
-    (gemm_tiled.serial if small else gemm_tiled)(apk, bpk, c.reshape(-1), K, Np, T)
-    if direct:
-        return out
-    if out is None:
-        # padding rows only: the first M rows are already a C-contiguous [M, N] array
-        return c[:M] if Np == N else np.ascontiguousarray(c[:M, :N])
-    out[...] = c[:M, :N]
-    return out
+        (_pack_b.serial if packs else _pack_b)(np.ascontiguousarray(b), bpk, K, T)
+    c = out if out.flags.c_contiguous else np.empty((M, N))
+    bad = run_tiled(apk, bpk, 0, c.reshape(-1), 0, N, M, N, K, T, 1, bias, 0 if bias_axis == 0 else 1)
+    if c is not out:
+        out[...] = c
+    return out, bad
 
 
 def matmul_nd(a, b, out=None):

@@ -1,0 +1,150 @@
+"""The pointwise convolution path (1x1 kernels without padding as a GEMM over the batch,
+``_kernels/conv_pointwise.py``): the generic kernel's bytes on every shape remainder,
+the oracle's numbers, the errors of the facade, and the plan that picks it."""
+
+import re
+
+import numpy as np
+import pytest
+
+from hmath_dl._kernels import _cpu
+from hmath_dl._kernels import conv as K
+from hmath_dl._kernels import gemm_f64 as G
+from hmath_dl.errors import NonFiniteError, NumericOverflow
+from hmath_dl.layers import ConvOptions, convolution
+from tests.helpers import assert_same_across_threads, noncontiguous, readonly
+from tests.reference.conv import conv_reference
+
+EPS = np.finfo(np.float64).eps
+
+needs_tiles = pytest.mark.skipif(
+    not _cpu.machine().tiled,
+    reason="the pointwise path runs the register-tiled GEMM, which this target "
+           f"({_cpu.machine().isa}) does not have; the generic kernel computes these shapes")
+
+
+def _case(xs, cout, s, groups, seed, bias=True):
+    g = np.random.default_rng(seed)
+    x = g.standard_normal(xs)
+    w = g.standard_normal((cout, xs[1] // groups) + (1,) * (len(xs) - 2))
+    b = g.standard_normal(cout) if bias else None
+    r = len(xs) - 2
+    return ConvOptions((s,) * r if isinstance(s, int) else s, (0,) * r, (1,) * r, groups), x, w, b
+
+
+# shapes chosen for the remainders: output channels per group a multiple of 6 or not (a
+# padded row block), output planes a multiple of the tile width or not, several panels per
+# image, strides 1-3 (and mixed), groups, 1-D/2-D/3-D, a batch of 1 and of 5
+SHAPES = [
+    ((2, 16, 12, 12), 16, 1, 1),
+    ((2, 16, 12, 12), 16, 2, 1),
+    ((3, 24, 7, 9), 13, 1, 1),
+    ((2, 10, 9, 9), 30, 3, 1),
+    ((1, 12, 5, 5), 18, 1, 2),
+    ((5, 9, 20, 21), 6, 1, 1),
+    ((2, 33, 17, 40), 70, 1, 1),
+    ((1, 7, 1, 1), 6, 1, 1),
+    ((3, 16, 50), 8, 2, 1),
+    ((2, 8, 5, 6, 7), 12, (1, 2, 1), 1),
+    ((1, 300, 3, 3), 7, 1, 1),
+]
+
+
+@needs_tiles
+@pytest.mark.parametrize("xs,cout,s,groups", SHAPES)
+def test_pointwise_path_gives_the_generic_kernels_bits(xs, cout, s, groups):
+    opts, x, w, b = _case(xs, cout, s, groups, seed=sum(xs) + cout)
+    for bias in (b, None):
+        with K.forced_path("generic"):
+            want = convolution(opts, x, w, bias)
+        with K.forced_path("pointwise"):
+            got = convolution(opts, x, w, bias)
+        assert got.tobytes() == want.tobytes()
+        ref, mag = conv_reference(x, w, bias, opts.stride, opts.padding, opts.dilation, groups)
+        assert np.all(np.abs(got - ref) <= 2 * (w[0].size + 1) * EPS * mag + 1e-300)
+
+
+@needs_tiles
+def test_the_plan_takes_the_pointwise_path_where_it_is_faster():
+    """Strided 1x1 convolutions and small output planes go to the GEMM; large unstrided
+    planes stay on the row kernel; padding or < 6 channels per group never take it."""
+    fp = K.forward_path
+    assert fp(64, 32, (1, 1, 1), 28, True, padded=False, O=(1, 28, 28)) == "pointwise"
+    assert fp(64, 32, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) == "pointwise"
+    assert fp(64, 32, (1, 1, 1), 56, False, padded=False, O=(1, 56, 56)) != "pointwise"
+    assert fp(64, 32, (1, 1, 1), 7, True, padded=True, O=(1, 9, 9)) != "pointwise"
+    assert fp(5, 32, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) != "pointwise"
+    assert fp(64, 32, (3, 3, 1), 7, False, padded=False, O=(1, 7, 7)) != "pointwise"
+
+
+@needs_tiles
+def test_inputs_readonly_noncontiguous_and_not_mutated():
+    opts, x, w, b = _case((2, 24, 10, 11), 14, 2, 1, seed=3)
+    keep = [a.copy() for a in (x, w, b)]
+    with K.forced_path("pointwise"):
+        want = convolution(opts, x, w, b)
+        for xv, wv, bv in [(readonly(x), readonly(w), readonly(b)),
+                           (noncontiguous(x), noncontiguous(w), noncontiguous(b))]:
+            assert convolution(opts, xv, wv, bv).tobytes() == want.tobytes()
+    for a, k in zip((x, w, b), keep):
+        assert a.tobytes() == k.tobytes()
+
+
+@needs_tiles
+@pytest.mark.parametrize("s", [1, 2])
+@pytest.mark.parametrize("where", [(1, 3, 4, 6), (1, 3, 5, 5), (0, 0, 11, 11)])
+def test_a_nan_in_x_is_reported_read_or_not(s, where):
+    """At stride 2 the element (odd row/column) is never read by any output: it is still
+    reported, with its index."""
+    opts, x, w, b = _case((2, 16, 12, 12), 12, s, 1, seed=4)
+    x[where] = np.nan
+    with K.forced_path("pointwise"):
+        with pytest.raises(NonFiniteError, match=r"convolution: x contains nan at index "
+                           + re.escape(str(where))):
+            convolution(opts, x, w, b)
+
+
+@needs_tiles
+def test_an_overflowing_result_is_numeric_overflow():
+    opts, x, w, b = _case((2, 16, 12, 12), 12, 1, 1, seed=5)
+    with K.forced_path("pointwise"):
+        with pytest.raises(NumericOverflow, match="convolution: the result overflows"):
+            convolution(opts, x * 1e300, w * 1e10, b)
+        # large finite inputs, and channel 3's bias the largest float64: its outputs
+        # leave the range
+        b2 = np.where(np.arange(12) == 3, np.finfo(np.float64).max, 0.0)
+        with pytest.raises(NumericOverflow):
+            convolution(opts, np.abs(x) + 1.0, np.abs(w) * 1e306 + 1e305, b2)
+
+
+def test_same_bits_for_any_thread_count():
+    assert_same_across_threads("""
+        import sys
+        import numpy as np
+        from hmath_dl.layers import ConvOptions, convolution
+        g = np.random.default_rng(7)
+        x = g.standard_normal((4, 40, 30, 30)); w = g.standard_normal((50, 40, 1, 1))
+        for s in (1, 2):
+            y = convolution(ConvOptions((s, s), (0, 0), (1, 1), 1), x, w, g.standard_normal(50))
+            sys.stdout.buffer.write(y.tobytes())
+    """)
+
+
+def test_gemm_bias_and_nonfinite_count():
+    """The GEMM's fused epilogue: ``c + bias`` along either axis is the chain then one
+    addition (numpy's), and the count is the number of non-finite outputs, on every shape
+    remainder, tiled and portable."""
+    g = np.random.default_rng(9)
+    for M, Kd, N in [(6, 5, 8), (7, 40, 33), (13, 130, 300), (97, 7, 64), (200, 3, 70)]:
+        a, bm = g.standard_normal((M, Kd)), g.standard_normal((Kd, N))
+        chain = G.matmul(a, bm, tiled=False)
+        for axis, bias in [(1, g.standard_normal(N)), (0, g.standard_normal(M))]:
+            want = chain + (bias if axis == 1 else bias[:, None])
+            for tiled in (True, False):
+                got, bad = G.gemm(a, bm, bias=bias, bias_axis=axis, tiled=tiled)
+                assert got.tobytes() == want.tobytes() and bad == 0
+        a[M // 2, Kd // 2] = np.inf
+        for tiled in (True, False):
+            got, bad = G.gemm(a, bm, tiled=tiled)
+            assert bad == int(np.count_nonzero(~np.isfinite(got))) > 0
+
