@@ -36,6 +36,7 @@ from numba.extending import intrinsic
 
 from . import _cpu
 from ._jit import helper, kernel
+from .status import INT_OVERFLOW, NO_INDEX, OK, OVERFLOW
 
 _CHUNK = 8192                 # flat elements per parallel chunk (quantize / dequantize)
 _INT32_MIN = -(2 ** 31)
@@ -119,8 +120,8 @@ _CH_BLOCK = 128               # channels per parallel task when inner == 1
 def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
     """Per-channel scales/zero points for ``x`` viewed as ``(outer, nch, inner)``.
 
-    Returns the first channel whose scale is invalid, or -1."""
-    bad = np.full(nch, -1, dtype=np.int64)
+    Returns the first channel whose scale is invalid, or NO_INDEX (-1)."""
+    bad = np.full(nch, NO_INDEX, dtype=np.int64)
     if inner == 1:
         # channels are adjacent in memory: sweep rows, keeping per-channel running min/max
         nblk = (nch + _CH_BLOCK - 1) // _CH_BLOCK
@@ -158,13 +159,13 @@ def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
     for c in range(nch):
         if bad[c] >= 0:
             return c
-    return -1
+    return NO_INDEX
 
 
 @kernel
 def quant_params_tensor(x, symmetric, scales, zps):
     """Per-tensor scale/zero point (into ``scales[0]``, ``zps[0]``); returns 0 when the
-    scale is invalid, else -1.  Min/max are exact, so the chunked reduction is
+    scale is invalid, else NO_INDEX (-1).  Min/max are exact, so the chunked reduction is
     order-independent."""
     n = x.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
@@ -182,7 +183,7 @@ def quant_params_tensor(x, symmetric, scales, zps):
     s, z, ok = _scale_zp(lo, hi, symmetric)
     scales[0] = s
     zps[0] = z
-    return -1 if ok else 0
+    return NO_INDEX if ok else 0
 
 
 @helper
@@ -267,7 +268,7 @@ def _dequant_run(q, out, f0, f1, c0, step, scales, zps):
 @kernel
 def dequantize_apply(q, nch, inner, scales, zps, out):
     """``out[f] = scale * (q[f] - zp)`` ((q - zp) in int64); returns the first flat index
-    whose result is not finite, or -1."""
+    whose result is not finite, or NO_INDEX (-1)."""
     n = q.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     bad = np.zeros(nchunks, dtype=np.bool_)
@@ -294,22 +295,23 @@ def dequantize_apply(q, nch, inner, scales, zps, out):
             for f in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
                 if not np.isfinite(out[f]):
                     return f
-    return -1
+    return NO_INDEX
 
 
 # --------------------------------------------------------------------------- GEMM: shared
 @helper
 def _finish(i, j, s, kk, ra, cb, za, zb, sa, sb, out):
-    """Turn the exact ``S[i, j]`` into the output; 0 ok, 1 int32 overflow, 2 non-finite."""
+    """Turn the exact ``S[i, j]`` into the output; a Status: OK, INT_OVERFLOW (the int32
+    accumulator would overflow) or OVERFLOW (the result is not finite)."""
     acc = s - zb[j] * ra[i] - za[i] * cb[j] + kk * za[i] * zb[j]
     if acc < _INT32_MIN or acc > _INT32_MAX:
         out[i, j] = 0.0
-        return 1
+        return INT_OVERFLOW
     v = (sa[i] * sb[j]) * np.float64(acc)
     out[i, j] = v
     if not np.isfinite(v):
-        return 2
-    return 0
+        return OVERFLOW
+    return OK
 
 
 @kernel
@@ -347,12 +349,12 @@ def gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
     most ``K * 2**14 <= 2**30`` in magnitude, so the int32 truncation (which lets LLVM
     vectorise the loop in 32-bit lanes) loses nothing; longer K accumulate in int64.
     ``bad_acc[i]`` / ``bad_fin[i]``: first column of row ``i`` whose accumulator leaves
-    int32 / whose result is not finite (or -1)."""
+    int32 / whose result is not finite (or NO_INDEX, -1)."""
     m, kk = qa.shape
     n = qbt.shape[0]
     for i in prange(m):
-        ba = -1
-        bf = -1
+        ba = NO_INDEX
+        bf = NO_INDEX
         row = np.empty(n, dtype=np.int32)
         if kk <= _PORTABLE_KCHUNK:
             for j in range(n):
@@ -368,9 +370,9 @@ def gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
                 for t in range(kk):
                     s += np.int64(qa[i, t]) * np.int64(qbt[j, t])
             st = _finish(i, j, s, np.int64(kk), ra, cb, za, zb, sa, sb, out)
-            if st == 1 and ba < 0:
+            if st == INT_OVERFLOW and ba < 0:
                 ba = j
-            elif st == 2 and bf < 0:
+            elif st == OVERFLOW and bf < 0:
                 bf = j
         bad_acc[i] = ba
         bad_fin[i] = bf
@@ -1155,13 +1157,13 @@ def finish_s(s64, m, kk, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin):
     path's epilogue); ``bad_acc[i]`` / ``bad_fin[i]`` as in :func:`gemm_portable`."""
     n = out.shape[1]
     for i in prange(m):
-        ba = -1
-        bf = -1
+        ba = NO_INDEX
+        bf = NO_INDEX
         for j in range(n):
             st = _finish(i, j, s64[i, j], np.int64(kk), ra, cb, za, zb, sa, sb, out)
-            if st == 1 and ba < 0:
+            if st == INT_OVERFLOW and ba < 0:
                 ba = j
-            elif st == 2 and bf < 0:
+            elif st == OVERFLOW and bf < 0:
                 bf = j
         bad_acc[i] = ba
         bad_fin[i] = bf

@@ -21,7 +21,7 @@ this module: clear ``hmath_dl/_kernels/__pycache__`` after editing a value.
 from enum import IntEnum
 
 __all__ = ["Status", "OK", "NONFINITE_INPUT", "OVERFLOW", "ZERO_SLICE", "SCORE_OVERFLOW",
-           "NO_INDEX", "NONFINITE_SOMEWHERE"]
+           "INT_OVERFLOW", "NO_INDEX", "NONFINITE_SOMEWHERE"]
 
 
 class Status(IntEnum):
@@ -40,6 +40,9 @@ class Status(IntEnum):
     #: attention: an allowed score ``q . k * scale + bias`` of the query row is not finite
     #: (NumericOverflow naming the score rather than the output)
     SCORE_OVERFLOW = 4
+    #: an integer accumulator leaves its range (int8 GEMM: the exact sum does not fit the
+    #: signed 32-bit accumulator; NumericOverflow)
+    INT_OVERFLOW = 5
 
 
 # plain ints for @njit code (and for comparisons in facades)
@@ -48,6 +51,7 @@ NONFINITE_INPUT = int(Status.NONFINITE_INPUT)
 OVERFLOW = int(Status.OVERFLOW)
 ZERO_SLICE = int(Status.ZERO_SLICE)
 SCORE_OVERFLOW = int(Status.SCORE_OVERFLOW)
+INT_OVERFLOW = int(Status.INT_OVERFLOW)
 
 #: index-valued reports: no element is bad
 NO_INDEX = -1

@@ -22,7 +22,8 @@ import numpy as np
 from .. import _checks
 from .._kernels import quant as _kq
 from .._kernels._plan import forcing
-from ..errors import DomainError, NumericOverflow, ShapeError
+from .._kernels.status import NO_INDEX
+from ..errors import DomainError, ShapeError
 
 __all__ = ["Quantization", "QuantizedTensor", "quantize", "dequantize", "quantized_values",
            "quantization_scales", "quantization_zero_points", "int8_gemm"]
@@ -241,12 +242,10 @@ def quantize(mode, axis, x) -> QuantizedTensor:
             bad = int(_kq.quant_params_tensor(flat, symmetric, scales, zps))
         else:
             bad = int(_kq.quant_params_axis(flat, outer, nch, inner, symmetric, scales, zps))
-    if bad >= 0:
-        where = "the tensor" if ax is None else f"slice {bad} along axis {ax}"
-        raise NumericOverflow(
-            f"{fname}: the scale of {where} is {float(scales[bad])!r} (expected a finite "
-            f"scale >= {_TINY!r}; the values are too small or their range too large to "
-            f"quantize)")
+    _checks.finish(fname, _checks.located(bad), overflow=lambda i, code: (
+        f"the scale of {'the tensor' if ax is None else f'slice {i} along axis {ax}'} is "
+        f"{float(scales[i])!r} (expected a finite scale >= {_TINY!r}; the values are too "
+        f"small or their range too large to quantize)"))
     values = _checks.alloc(fname, arr.shape, np.int8)
     with _threads_for(flat.size, SERIAL_QUANTIZE_ELEMENTS):
         _kq.quantize_apply(flat, nch, inner, symmetric, scales, zps, values.reshape(-1))
@@ -282,11 +281,9 @@ def dequantize(q) -> np.ndarray:
     with _threads_for(values.size, SERIAL_QUANTIZE_ELEMENTS):
         bad = int(_kq.dequantize_apply(values.reshape(-1), nch, inner, q._scales,
                                        q._zero_points, out.reshape(-1)))
-    if bad >= 0:
-        where = tuple(int(i) for i in np.unravel_index(bad, values.shape))
-        raise NumericOverflow(f"{fname}: the decoded value at index {where} is not finite "
-                              f"(got {float(out.reshape(-1)[bad])!r})")
-    return out
+    return _checks.finish(fname, _checks.located(bad), out=out, overflow=lambda f, code: (
+        f"the decoded value at index {tuple(int(i) for i in np.unravel_index(f, values.shape))} "
+        f"is not finite (got {float(out.reshape(-1)[f])!r})"))
 
 
 def quantized_values(q) -> np.ndarray:
@@ -535,25 +532,31 @@ def int8_gemm(a, b) -> np.ndarray:
             _kq.gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
             first_acc = _first_flat(bad_acc, n)
             first_fin = _first_flat(bad_fin, n)
-    if first_acc >= 0:
-        i, j = divmod(first_acc, n)
-        exact = int(np.dot(qa[i].astype(np.int64) - int(za[i]),
-                           qb[:, j].astype(np.int64) - int(zb[j])))
-        raise NumericOverflow(
-            f"{fname}: the exact integer accumulator at (i, j) = ({i}, {j}) is {exact}, "
-            f"outside the signed 32-bit range (expected {_INT32_MIN} <= acc <= {_INT32_MAX})")
-    if first_fin >= 0:
-        i, j = divmod(first_fin, n)
-        raise NumericOverflow(
-            f"{fname}: the result at (i, j) = ({i}, {j}) is not finite (got "
+    # an accumulator leaving int32 is reported before a non-finite result
+    _checks.finish(fname, _checks.located(first_acc),
+                   overflow=lambda f, code: _accumulator_overflow(qa, qb, za, zb, n, f))
+    return _checks.finish(fname, _checks.located(first_fin), out=out,
+                          overflow=lambda f, code: _result_overflow(out, sa, sb, n, f))
+
+
+def _result_overflow(out, sa, sb, n, first):
+    i, j = divmod(first, n)
+    return (f"the result at (i, j) = ({i}, {j}) is not finite (got "
             f"{float(out[i, j])!r} = ({float(sa[i])!r} * {float(sb[j])!r}) * acc)")
-    return out
+
+
+def _accumulator_overflow(qa, qb, za, zb, n, first):
+    i, j = divmod(first, n)
+    exact = int(np.dot(qa[i].astype(np.int64) - int(za[i]),
+                       qb[:, j].astype(np.int64) - int(zb[j])))
+    return (f"the exact integer accumulator at (i, j) = ({i}, {j}) is {exact}, "
+            f"outside the signed 32-bit range (expected {_INT32_MIN} <= acc <= {_INT32_MAX})")
 
 
 def _task_first(bad):
     """The smallest flat index over per-task minima (``_NO_INDEX``: none), or -1."""
     first = int(bad.min()) if bad.size else int(_kq._NO_INDEX)
-    return -1 if first >= int(_kq._NO_INDEX) else first
+    return NO_INDEX if first >= int(_kq._NO_INDEX) else first
 
 
 def _gemm_vnni(fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb, out):
@@ -648,6 +651,6 @@ def _first_flat(bad_cols, n):
     """Smallest ``i * n + j`` over rows ``i`` whose first bad column ``j`` is ``>= 0``."""
     rows = np.flatnonzero(bad_cols >= 0)
     if rows.size == 0:
-        return -1
+        return NO_INDEX
     i = int(rows[0])
     return i * n + int(bad_cols[i])
