@@ -184,9 +184,8 @@ def _combine(results, params, size: int):
                                    f"{_checks.shape_str(g.shape)} for params[{j}] of shape "
                                    f"{_checks.shape_str(p.shape)}")
         total = _tree_sum(parts, 0, n)
-        if not _checks.is_finite(np.asarray(total)):
-            raise NumericOverflow(f"{_FNAME}: the sum of the shard gradients of params[{j}] "
-                                  f"overflowed")
+        _checks.finish(_FNAME, None, out=np.asarray(total), overflow=lambda u, code: (
+            f"the sum of the shard gradients of params[{j}] overflowed"))
         g = np.asarray(total, dtype=np.float64) / np.float64(size)  # a new array
         grads.append(np.ascontiguousarray(g))
     return float(loss_total) / float(size), grads

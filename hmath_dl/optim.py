@@ -184,9 +184,11 @@ def sgd_step(state, params, grads, lr, momentum=0.9, weight_decay=0.0):
     for i, (p, g, b) in enumerate(zip(ps, gs, bufs)):
         po = _checks.alloc(fname, p.shape)
         bo = _checks.alloc(fname, p.shape)
-        if p.size and not sgd_update(p.reshape(-1), g.reshape(-1), b.reshape(-1), lr, momentum,
-                                     weight_decay, po.reshape(-1), bo.reshape(-1)):
-            raise NumericOverflow(f"{fname}: the update of params[{i}] is not finite")
+        if p.size:
+            ok = sgd_update(p.reshape(-1), g.reshape(-1), b.reshape(-1), lr, momentum,
+                            weight_decay, po.reshape(-1), bo.reshape(-1))
+            _checks.finish(fname, ok, overflow=lambda u, code: (
+                f"the update of params[{i}] is not finite"))
         new_p.append(po)
         new_b.append(_checks.readonly(bo))
     return new_p, SGDState(tuple(new_b), state.steps + 1)
@@ -324,10 +326,12 @@ def adamw_step(state, params, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8, weigh
         po = _checks.alloc(fname, p.shape)
         mo = _checks.alloc(fname, p.shape)
         vo = _checks.alloc(fname, p.shape)
-        if p.size and not adamw_update(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
-                                       lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2,
-                                       po.reshape(-1), mo.reshape(-1), vo.reshape(-1)):
-            raise NumericOverflow(f"{fname}: the update of params[{i}] is not finite")
+        if p.size:
+            ok = adamw_update(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
+                              lr, beta1, beta2, eps, weight_decay, bc1, sqrt_bc2,
+                              po.reshape(-1), mo.reshape(-1), vo.reshape(-1))
+            _checks.finish(fname, ok, overflow=lambda u, code: (
+                f"the update of params[{i}] is not finite"))
         new_p.append(po)
         new_m.append(_checks.readonly(mo))
         new_v.append(_checks.readonly(vo))

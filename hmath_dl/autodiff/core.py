@@ -25,7 +25,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from .. import _checks
-from ..errors import DomainError, NumericOverflow, ShapeError
+from ..errors import DomainError, ShapeError
 
 __all__ = ["ADTensor", "variable", "constant", "gradients", "unbroadcast", "VJP_RULES",
            "register_vjp", "as_adtensor", "make_node"]
@@ -357,8 +357,6 @@ def gradients(output, wrt, cotangent=None) -> List[np.ndarray]:
             out.append(np.zeros(w.shape, dtype=np.float64))
             continue
         g = np.array(np.broadcast_to(g, w.shape), dtype=np.float64, order="C", copy=True)
-        if not _checks.is_finite(g):
-            raise NumericOverflow(f"{fname}: the gradient for wrt[{i}] is not finite "
-                                  f"(a backward product overflowed)")
-        out.append(g)
+        out.append(_checks.finish(fname, None, out=g, overflow=lambda u, code: (
+            f"the gradient for wrt[{i}] is not finite (a backward product overflowed)")))
     return out

@@ -18,7 +18,7 @@ from .._kernels import libm
 from .._kernels.attention import attention_forward, rotary_forward
 from .._kernels.softmax import apply as libm_apply
 from .._kernels.status import SCORE_OVERFLOW
-from ..errors import DomainError, NumericOverflow, ShapeError
+from ..errors import DomainError, ShapeError
 
 __all__ = ["scaled_dot_product_attention", "multihead_attention", "causal_mask",
            "rotary_embedding", "sinusoidal_encoding", "alibi_bias"]
@@ -493,7 +493,6 @@ def alibi_bias(slope, queries, keys, offset):
     with np.errstate(over="ignore"):      # overflow is reported below, as NumericOverflow
         np.multiply(dist, -sl, out=out)
     out += 0.0  # -0.0 on the diagonal becomes +0.0
-    if not _checks.is_finite(out):
-        raise NumericOverflow(f"{fname}: slope * distance overflows float64 "
-                              f"(got slope {sl!r}, largest distance {dist.max():.0f})")
-    return out
+    return _checks.finish(fname, None, out=out, overflow=lambda u, code: (
+        f"slope * distance overflows float64 (got slope {sl!r}, largest distance "
+        f"{dist.max():.0f})"))

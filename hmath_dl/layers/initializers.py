@@ -16,7 +16,7 @@ from .. import _checks
 from .._kernels import libm
 from .._kernels.qr import orthonormal_factor
 from .._kernels.softmax import apply as libm_apply
-from ..errors import DomainError, NumericOverflow
+from ..errors import DomainError
 from ..rng import RNG
 
 __all__ = ["XavierUniform", "XavierNormal", "KaimingUniform", "KaimingNormal", "Orthogonal",
@@ -219,8 +219,7 @@ def initialize_weights(init, fan_in, fan_out, shape, rng):
         z = _truncated_standard(gen, count, init.cutoff)
         with np.errstate(over="ignore", invalid="ignore"):
             w = init.mean + init.sigma * z
-        if not np.isfinite(w).all():
-            raise NumericOverflow(f"{fname}: mean + sigma * z is not finite "
-                                  f"(mean {init.mean!r}, sigma {init.sigma!r})")
+        _checks.finish(fname, bool(np.isfinite(w).all()), overflow=lambda u, code: (
+            f"mean + sigma * z is not finite (mean {init.mean!r}, sigma {init.sigma!r})"))
     out = np.asarray(w, dtype=np.float64, order="C").reshape(shp)
     return out, rng.advanced(gen)

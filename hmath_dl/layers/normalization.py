@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _checks
-from ..errors import DomainError, NumericOverflow, ShapeError
+from ..errors import DomainError, ShapeError
 from .dropout import Mode
 
 __all__ = ["BatchNormState", "batch_norm", "layer_norm", "instance_norm", "group_norm",
@@ -256,9 +256,9 @@ def batch_norm(mode, momentum, epsilon, gamma, beta, state, x):
         else:
             new_mean = (1.0 - momentum) * state.running_mean + momentum * mean
             new_var = (1.0 - momentum) * state.running_variance + momentum * unbiased
-    if not (np.isfinite(new_mean).all() and np.isfinite(new_var).all()):
-        raise NumericOverflow(f"{fname}: the updated running statistics are not finite "
-                              f"(batch variance exceeds the float64 range)")
+    _checks.finish(fname, bool(np.isfinite(new_mean).all() and np.isfinite(new_var).all()),
+                   overflow="the updated running statistics are not finite "
+                            "(batch variance exceeds the float64 range)")
     return out, BatchNormState(new_mean, new_var, state.batches_seen + 1)
 
 
