@@ -293,7 +293,8 @@ def _first_bad(verdict, out):
     return None if code == OK else (code, None)
 
 
-def finish(fname: str, verdict, *, overflow, inputs=(), out=None, zero_slice=None):
+def finish(fname: str, verdict, *, overflow=None, inputs=(), out=None, zero_slice=None,
+           nonfinite=None):
     """The one finishing step of a facade after a kernel call: returns ``out`` when the
     kernel's ``verdict`` says all is well, else raises the documented error.
 
@@ -304,10 +305,12 @@ def finish(fname: str, verdict, *, overflow, inputs=(), out=None, zero_slice=Non
 
     On failure, every ``(name, array)`` of ``inputs`` is first scanned in order
     (:func:`require_finite`: NonFiniteError naming the argument and the first bad index --
-    a NaN/inf input is reported before an overflow); then a ``ZERO_SLICE`` unit raises
+    a NaN/inf input is reported before an overflow); then a ``NONFINITE_INPUT`` unit that a
+    kernel located itself raises ``NonFiniteError(f"{fname}: {nonfinite(unit)}")`` when
+    ``nonfinite`` is given (e.g. a NaN/inf bit pattern), a ``ZERO_SLICE`` unit
     ``DomainError(f"{fname}: {zero_slice(unit)}")`` when ``zero_slice`` is given, and any
     other verdict ``NumericOverflow(f"{fname}: {text}")``, ``text`` being ``overflow`` or,
-    when that is callable, ``overflow(unit, code)``.
+    when that is callable, ``overflow(unit, code)`` (``"result is not finite"`` if None).
     """
     bad = _first_bad(verdict, out)
     if bad is None:
@@ -315,7 +318,11 @@ def finish(fname: str, verdict, *, overflow, inputs=(), out=None, zero_slice=Non
     for name, arr in inputs:
         require_finite(fname, name, arr)
     code, unit = bad
+    if code == NONFINITE_INPUT and nonfinite is not None and unit is not None:
+        raise NonFiniteError(f"{fname}: {nonfinite(unit)}")
     if code == ZERO_SLICE and zero_slice is not None:
         raise DomainError(f"{fname}: {zero_slice(unit)}")
+    if overflow is None:
+        overflow = "result is not finite"
     text = overflow(unit, code) if callable(overflow) else overflow
     raise NumericOverflow(f"{fname}: {text}")

@@ -26,8 +26,8 @@ from .._kernels import gemm_reduced as _kgemm
 from .._kernels._cpu import machine as _machine
 from .._kernels._plan import forcing
 from ..config import SERIAL_WORK
-from .._kernels.status import NO_INDEX, NONFINITE_SOMEWHERE
-from ..errors import DomainError, NonFiniteError, ShapeError
+from .._kernels.status import NO_INDEX, NONFINITE_INPUT, NONFINITE_SOMEWHERE, OK
+from ..errors import DomainError, ShapeError
 
 __all__ = ["Precision", "round_to_bits", "bits_to_float", "round_to_precision", "reduced_gemm"]
 
@@ -94,13 +94,16 @@ def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np
         return out
     bad = int(_whole(_khalf.decode_chunks, bits.size)(bits.reshape(-1), out.reshape(-1),
                                                       mbits, bias))
-    if bad >= 0:
-        pattern = int(bits.reshape(-1)[bad])
-        kind = "inf" if pattern & ((1 << mbits) - 1) == 0 else "NaN"
-        raise NonFiniteError(
-            f"{fname}: {name} holds the {precision.name} {kind} pattern 0x{pattern:04x} at index "
+    # the kernel locates the first NaN/inf pattern itself: a NONFINITE_INPUT at that index
+    return _checks.finish(fname, (OK, None) if bad == NO_INDEX else (NONFINITE_INPUT, bad),
+                          out=out, nonfinite=lambda i: _bad_pattern(name, precision, bits, i))
+
+
+def _bad_pattern(name, precision, bits, bad):
+    pattern = int(bits.reshape(-1)[bad])
+    kind = "inf" if pattern & ((1 << _FORMAT[precision][0]) - 1) == 0 else "NaN"
+    return (f"{name} holds the {precision.name} {kind} pattern 0x{pattern:04x} at index "
             f"{_where(bits.shape, bad)} (expected finite patterns)")
-    return out
 
 
 def round_to_bits(precision, x) -> np.ndarray:
