@@ -36,9 +36,9 @@ of x, broadcast weights; about 80 GFLOP/s per core here, near the FMA throughput
 * :func:`conv_forward_tiled` (short ragged rows; the other transposed convolutions):
   8 channels x 24 positions (or 4 x 48) in the "wide" layout of a padded (or
   stride-phase split, :func:`pad_split`) input, scattered on store;
-* :func:`.conv_pointwise.conv_pointwise` (1x1 kernels without padding, strided or on
-  small output planes): the float GEMM of :mod:`.gemm_f64`, its tasks spanning the batch,
-  each packing its own panel of the (strided) input;
+* :func:`.conv_gemm.conv_gemm` (deep kernels on small output planes; with AVX-512 also
+  unpadded 1x1 kernels, strided or on planes of <= 1024 positions): the float GEMM of :mod:`.gemm_f64` on the unfolded input, its tasks spanning
+  the batch, each unfolding its own panel;
 * :func:`conv_forward` (fewer than 4 output channels per group, depthwise, no AVX-512):
   4-channel blocks with an explicit 8-lane vector FMA (:func:`_vfma`) over accumulator
   rows in memory.
@@ -60,7 +60,7 @@ import numpy as np
 import numba
 from numba import prange
 
-from . import _cpu, conv_pointwise
+from . import _cpu, conv_gemm
 from ._jit import helper, kernel, span_kernel
 from ._plan import forcing
 
@@ -1080,7 +1080,7 @@ for _a in (_ONES3, _ZEROS1, _ZEROS3, _NO_OFFS):
 
 
 #: Forward paths, fastest first where they apply (see :func:`forward_path`).
-FORWARD_PATHS = ("pointwise", "rows_fused", "rows", "wide", "generic")
+FORWARD_PATHS = ("gemm", "rows_fused", "rows", "wide", "generic")
 _forced = {"forward": None}
 
 
@@ -1096,12 +1096,12 @@ def forced_path(name):
         yield
 
 
-def _applicable_forward(Cog, OW, tiled, K3=None, padded=True):
+def _applicable_forward(Cog, OW, tiled):
     """Forward paths whose kernels can compute this shape (the window size of
     ``rows_fused`` is checked at launch)."""
     out = []
-    if K3 is not None and conv_pointwise.applies(K3, padded, Cog, tiled):
-        out.append("pointwise")
+    if conv_gemm.applies(Cog, tiled):
+        out.append("gemm")
     if tiled and Cog >= _ROW_CB and OW > 0:
         out += ["rows_fused", "rows"]
     if tiled and Cog >= 4:
@@ -1115,10 +1115,10 @@ def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=
     padding when ``padded``) runs (every path gives the same bits; the choice is speed
     only, tuned per tile set):
 
-    * ``pointwise`` (:func:`.conv_pointwise.conv_pointwise`, the GEMM): 1x1 kernels
-      without padding, >= 6 output channels per group, strided or on output planes of
-      at most :data:`.conv_pointwise.PREFERRED_PLANE` positions (``O``, the output
-      extents);
+    * ``gemm`` (:func:`.conv_gemm.conv_gemm`, the unfolded input times the weights):
+      where :func:`.conv_gemm.preferred` says so for the kernel extents and the output
+      extents ``O`` (deep kernels on small output planes; with 512-bit tiles also
+      unpadded 1x1 kernels, strided or on planes of <= 1024 positions);
     * ``rows_fused`` (:func:`conv_forward_rows` copying its own padded/strided input
       windows; ``rows`` on a padded copy when the windows are too large): at least 6
       output channels per group and output rows of whole vectors or >= 16 positions;
@@ -1130,14 +1130,15 @@ def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=
     """
     if tiled is None:
         tiled = tiled_kernels_enabled()
-    ok = _applicable_forward(Cog, OW, tiled, K3, padded)
+    ok = _applicable_forward(Cog, OW, tiled)
     forced = _forced["forward"]
     if forced is not None:
         return forced if forced in ok else "generic"
     if not tiled:
         return "generic"
-    if "pointwise" in ok and O is not None and conv_pointwise.preferred(O, strided_or_padded):
-        return "pointwise"
+    if "gemm" in ok and O is not None and conv_gemm.preferred(Cg, K3, O, strided_or_padded,
+                                                              padded, _WIDE512):
+        return "gemm"
     if Cog >= _ROW_CB and (OW >= 16 or (OW > 0 and OW % _VW == 0)):
         # the fused windows are a packed copy of what the tiles read: faster even without
         # padding or strides (1x1 256->64 @56: 1.6x on AVX2), unless they do not fit
@@ -1165,8 +1166,8 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     OD, OH, OW = out5.shape[2:]
     strided_or_padded = bool(any(pads) or s != (1, 1, 1))
     path = forward_path(Cog, Cg, K3, OW, strided_or_padded, padded=any(pads), O=(OD, OH, OW))
-    if path == "pointwise":
-        ok, x_ok = conv_pointwise.conv_pointwise(x5, w5, b, has_bias, groups, s, out5)
+    if path == "gemm":
+        ok, x_ok = conv_gemm.conv_gemm(x5, w5, b, has_bias, groups, s, d, pads, out5)
         return bool(ok), x_ok
     rpi = _rows_per_iteration(out5.shape[0] * groups * OD, OH, OW)
     bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)

@@ -1,6 +1,7 @@
-"""The pointwise convolution path (1x1 kernels without padding as a GEMM over the batch,
-``_kernels/conv_pointwise.py``): the generic kernel's bytes on every shape remainder,
-the oracle's numbers, the errors of the facade, and the plan that picks it."""
+"""The GEMM convolution path (the unfolded input times the weights, tasks over the whole
+batch, ``_kernels/conv_gemm.py``): the generic kernel's bytes on every shape remainder,
+kernel size, padding, stride, dilation and group count, the oracle's numbers, the errors
+of the facade, and the plan that picks it."""
 
 import re
 
@@ -19,45 +20,55 @@ EPS = np.finfo(np.float64).eps
 
 needs_tiles = pytest.mark.skipif(
     not _cpu.machine().tiled,
-    reason="the pointwise path runs the register-tiled GEMM, which this target "
+    reason="the GEMM path runs the register-tiled GEMM, which this target "
            f"({_cpu.machine().isa}) does not have; the generic kernel computes these shapes")
 
 
-def _case(xs, cout, s, groups, seed, bias=True):
+def _case(xs, cout, s, groups, seed, bias=True, k=1, p=0, d=1):
     g = np.random.default_rng(seed)
-    x = g.standard_normal(xs)
-    w = g.standard_normal((cout, xs[1] // groups) + (1,) * (len(xs) - 2))
-    b = g.standard_normal(cout) if bias else None
     r = len(xs) - 2
-    return ConvOptions((s,) * r if isinstance(s, int) else s, (0,) * r, (1,) * r, groups), x, w, b
+    x = g.standard_normal(xs)
+    w = g.standard_normal((cout, xs[1] // groups) + (k,) * r)
+    b = g.standard_normal(cout) if bias else None
+    s = (s,) * r if isinstance(s, int) else s
+    return ConvOptions(s, (p,) * r, (d,) * r, groups), x, w, b
 
 
 # shapes chosen for the remainders: output channels per group a multiple of 6 or not (a
 # padded row block), output planes a multiple of the tile width or not, several panels per
-# image, strides 1-3 (and mixed), groups, 1-D/2-D/3-D, a batch of 1 and of 5
-SHAPES = [
-    ((2, 16, 12, 12), 16, 1, 1),
-    ((2, 16, 12, 12), 16, 2, 1),
-    ((3, 24, 7, 9), 13, 1, 1),
-    ((2, 10, 9, 9), 30, 3, 1),
-    ((1, 12, 5, 5), 18, 1, 2),
-    ((5, 9, 20, 21), 6, 1, 1),
-    ((2, 33, 17, 40), 70, 1, 1),
-    ((1, 7, 1, 1), 6, 1, 1),
-    ((3, 16, 50), 8, 2, 1),
-    ((2, 8, 5, 6, 7), 12, (1, 2, 1), 1),
-    ((1, 300, 3, 3), 7, 1, 1),
+# image, strides 1-3 (and mixed), groups, 1-D/2-D/3-D, a batch of 1 and of 5; 1x1 kernels
+# and larger ones with padding (rows and columns partly or wholly in it) and dilation
+SHAPES = [  # x shape, Cout, stride, groups, kernel, padding, dilation
+    ((2, 16, 12, 12), 16, 1, 1, 1, 0, 1),
+    ((2, 16, 12, 12), 16, 2, 1, 1, 0, 1),
+    ((3, 24, 7, 9), 13, 1, 1, 1, 0, 1),
+    ((2, 10, 9, 9), 30, 3, 1, 1, 0, 1),
+    ((1, 12, 5, 5), 18, 1, 2, 1, 0, 1),
+    ((5, 9, 20, 21), 6, 1, 1, 1, 0, 1),
+    ((2, 33, 17, 40), 70, 1, 1, 1, 0, 1),
+    ((1, 7, 1, 1), 6, 1, 1, 1, 0, 1),
+    ((3, 16, 50), 8, 2, 1, 1, 0, 1),
+    ((2, 8, 5, 6, 7), 12, (1, 2, 1), 1, 1, 0, 1),
+    ((1, 300, 3, 3), 7, 1, 1, 1, 0, 1),
+    ((2, 20, 14, 14), 26, 1, 1, 3, 1, 1),
+    ((2, 8, 13, 11), 12, 2, 1, 3, 1, 1),
+    ((1, 6, 9, 10), 12, 1, 2, 3, 2, 2),
+    ((2, 3, 23, 23), 8, 2, 1, 7, 3, 1),
+    ((1, 5, 4, 4), 6, 1, 1, 4, 3, 1),
+    ((2, 4, 40), 9, 1, 1, 5, 2, 1),
+    ((1, 4, 5, 6, 7), 6, 1, 1, 3, 1, 1),
+    ((1, 64, 6, 6), 70, 1, 1, 3, 1, 1),
 ]
 
 
 @needs_tiles
-@pytest.mark.parametrize("xs,cout,s,groups", SHAPES)
-def test_pointwise_path_gives_the_generic_kernels_bits(xs, cout, s, groups):
-    opts, x, w, b = _case(xs, cout, s, groups, seed=sum(xs) + cout)
+@pytest.mark.parametrize("xs,cout,s,groups,k,p,d", SHAPES)
+def test_gemm_path_gives_the_generic_kernels_bits(xs, cout, s, groups, k, p, d):
+    opts, x, w, b = _case(xs, cout, s, groups, seed=sum(xs) + cout, k=k, p=p, d=d)
     for bias in (b, None):
         with K.forced_path("generic"):
             want = convolution(opts, x, w, bias)
-        with K.forced_path("pointwise"):
+        with K.forced_path("gemm"):
             got = convolution(opts, x, w, bias)
         assert got.tobytes() == want.tobytes()
         ref, mag = conv_reference(x, w, bias, opts.stride, opts.padding, opts.dilation, groups)
@@ -65,23 +76,28 @@ def test_pointwise_path_gives_the_generic_kernels_bits(xs, cout, s, groups):
 
 
 @needs_tiles
-def test_the_plan_takes_the_pointwise_path_where_it_is_faster():
-    """Strided 1x1 convolutions and small output planes go to the GEMM; large unstrided
-    planes stay on the row kernel; padding or < 6 channels per group never take it."""
+def test_the_plan_takes_the_gemm_path_where_it_is_faster():
+    """Deep kernels on small output planes go to the GEMM on every ISA; with 512-bit
+    tiles also strided 1x1 convolutions and 1x1 ones on mid-sized planes; large
+    unstrided planes, shallow kernels on small planes and fewer than 6 channels per group
+    stay on the other kernels."""
     fp = K.forward_path
-    assert fp(64, 32, (1, 1, 1), 28, True, padded=False, O=(1, 28, 28)) == "pointwise"
-    assert fp(64, 32, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) == "pointwise"
-    assert fp(64, 32, (1, 1, 1), 56, False, padded=False, O=(1, 56, 56)) != "pointwise"
-    assert fp(64, 32, (1, 1, 1), 7, True, padded=True, O=(1, 9, 9)) != "pointwise"
-    assert fp(5, 32, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) != "pointwise"
-    assert fp(64, 32, (3, 3, 1), 7, False, padded=False, O=(1, 7, 7)) != "pointwise"
+    wide = K._WIDE512
+    assert fp(64, 512, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) == "gemm"
+    assert fp(64, 32, (3, 3, 1), 7, True, padded=True, O=(1, 7, 7)) == "gemm"
+    assert fp(32, 16, (3, 3, 1), 8, False, padded=True, O=(1, 8, 8)) != "gemm"
+    assert (fp(64, 32, (1, 1, 1), 28, True, padded=False, O=(1, 28, 28)) == "gemm") == wide
+    assert (fp(64, 32, (1, 1, 1), 28, False, padded=False, O=(1, 28, 28)) == "gemm") == wide
+    assert fp(64, 32, (1, 1, 1), 56, False, padded=False, O=(1, 56, 56)) != "gemm"
+    assert fp(64, 32, (3, 3, 1), 28, True, padded=True, O=(1, 28, 28)) != "gemm"
+    assert fp(5, 512, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) != "gemm"
 
 
 @needs_tiles
 def test_inputs_readonly_noncontiguous_and_not_mutated():
     opts, x, w, b = _case((2, 24, 10, 11), 14, 2, 1, seed=3)
     keep = [a.copy() for a in (x, w, b)]
-    with K.forced_path("pointwise"):
+    with K.forced_path("gemm"):
         want = convolution(opts, x, w, b)
         for xv, wv, bv in [(readonly(x), readonly(w), readonly(b)),
                            (noncontiguous(x), noncontiguous(w), noncontiguous(b))]:
@@ -98,7 +114,7 @@ def test_a_nan_in_x_is_reported_read_or_not(s, where):
     reported, with its index."""
     opts, x, w, b = _case((2, 16, 12, 12), 12, s, 1, seed=4)
     x[where] = np.nan
-    with K.forced_path("pointwise"):
+    with K.forced_path("gemm"):
         with pytest.raises(NonFiniteError, match=r"convolution: x contains nan at index "
                            + re.escape(str(where))):
             convolution(opts, x, w, b)
@@ -107,7 +123,7 @@ def test_a_nan_in_x_is_reported_read_or_not(s, where):
 @needs_tiles
 def test_an_overflowing_result_is_numeric_overflow():
     opts, x, w, b = _case((2, 16, 12, 12), 12, 1, 1, seed=5)
-    with K.forced_path("pointwise"):
+    with K.forced_path("gemm"):
         with pytest.raises(NumericOverflow, match="convolution: the result overflows"):
             convolution(opts, x * 1e300, w * 1e10, b)
         # large finite inputs, and channel 3's bias the largest float64: its outputs

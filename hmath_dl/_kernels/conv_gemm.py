@@ -1,0 +1,228 @@
+"""Convolutions as GEMMs over the whole batch: ``out[n, g] = W_g @ X_ng`` per batch
+element ``n`` and group ``g``, with ``W_g [Cout/groups, Cg*KD*KH*KW]`` the group's
+weights and ``X_ng`` its unfolded input (im2col), row ``(ci', kd, kh, kw)``, column
+``p = (od*OH + oh)*OW + ow``::
+
+    X_ng[(ci', kd, kh, kw), p] = x[n, g*Cg + ci', od*sd - pd + kd*dd,
+                                   oh*sh - ph + kh*dh, ow*sw - pw + kw*dw]
+
+(0 in the zero padding).  The convolution's specification -- ``bias + (fused
+multiply-add chain over the terms (ci', kd, kh, kw) in that order, from 0.0)`` -- is
+exactly :mod:`.gemm_f64`'s chain over the rows of ``X_ng`` followed by its bias step, so
+this path gives the bits of every other convolution path.
+
+The unfolded input is never materialised: every task of :func:`conv_gemm_tasks` (one
+batch element, one panel of ~256 output positions) unfolds its own panel
+(:func:`_pack_panel`, straight into the GEMM's packed layout, in L2), runs the
+register-tiled chains of every row block on it (:func:`.gemm_f64._panel`) and the
+epilogue (:func:`.gemm_f64._finish`: bias per output channel, count of non-finite
+outputs).  What this adds over the row kernel of :mod:`.conv` on the shapes the plan
+gives it: the GEMM's K-blocking (a 1x1 kernel, or many input channels, make the row
+kernel's window of all input channels too large for L1) and tasks over the whole batch.
+"""
+
+import numpy as np
+
+from . import gemm_f64 as G
+from ._jit import helper, span_kernel
+from .gemm_f64 import _finish, _panel
+
+_EXP = np.uint64(0x7FF0000000000000)     # exponent field: all ones only for NaN/inf
+_PANEL = 256                               # output positions per task (at most)
+_PANEL_ELEMS = 3 << 16                     # a task's unfolded panel: <= 1.5 MiB (in L2)
+
+
+@helper
+def _pack_panel(x5, i, c0, Cg, geo, p0, p1, T, bl):
+    """The columns ``p0 .. p1-1`` of ``X_ig`` (module docstring; ``geo`` = int64
+    ``[sd, sh, sw, dd, dh, dw, pd, ph, pw, KD, KH, KW, OD, OH, OW]``, the group's input
+    channels from ``c0``) packed as :func:`.gemm_f64.gemm_tiled` reads ``b``:
+    ``bl [ceil((p1-p0)/T), K, T]``, zero columns past ``p1``.  Returns how many packed
+    elements are NaN/inf (an integer test of the exponent bits over the packed panel, in
+    cache).  A copy: no arithmetic.  Each row is copied output row by output row; at
+    stride 1 without padding a 1x1 kernel's row is one contiguous run of ``x5``."""
+    sd, sh, sw = geo[0], geo[1], geo[2]
+    dd, dh, dw = geo[3], geo[4], geo[5]
+    pd, ph, pw = geo[6], geo[7], geo[8]
+    KD, KH, KW = geo[9], geo[10], geo[11]
+    OH, OW = geo[13], geo[14]
+    D, H, W = x5.shape[2], x5.shape[3], x5.shape[4]
+    KK = KD * KH * KW
+    K = Cg * KK
+    step = K * T
+    ntl = (p1 - p0 + T - 1) // T
+    flat = (KK == 1 and sd == 1 and sh == 1 and sw == 1 and pd == 0 and ph == 0 and pw == 0)
+    for k in range(K):
+        ci = k // KK
+        r = k - ci * KK
+        kd = r // (KH * KW)
+        kh = (r // KW) % KH
+        kw = r % KW
+        if flat:
+            xf = x5[i, c0 + ci].ravel()
+            for tl in range(ntl):
+                q0 = p0 + tl * T
+                w = min(T, p1 - q0)
+                base = tl * step + k * T
+                for q in range(w):
+                    bl[base + q] = xf[q0 + q]
+                for q in range(w, T):
+                    bl[base + q] = 0.0
+            continue
+        off = kw * dw - pw
+        tb = k * T
+        lane = 0
+        p = p0
+        od = p0 // (OH * OW)
+        oh = (p0 // OW) % OH
+        ow = p0 % OW
+        while p < p1:
+            run = min(T - lane, OW - ow, p1 - p)
+            di = od * sd - pd + kd * dd
+            hi = oh * sh - ph + kh * dh
+            dst = tb + lane
+            if di < 0 or di >= D or hi < 0 or hi >= H:
+                for q in range(run):
+                    bl[dst + q] = 0.0
+            else:
+                xr = x5[i, c0 + ci, di, hi]
+                # (ow + q)*sw + off inside [0, W) exactly for qa <= q < qb
+                qa = min(run, max(0, (-off - ow * sw + sw - 1) // sw))
+                qb = max(qa, min(run, (W - off - ow * sw + sw - 1) // sw))
+                for q in range(qa):
+                    bl[dst + q] = 0.0
+                src = ow * sw + off
+                for q in range(qa, qb):
+                    bl[dst + q] = xr[src + q * sw]
+                for q in range(qb, run):
+                    bl[dst + q] = 0.0
+            p += run
+            lane += run
+            ow += run
+            if ow == OW:
+                ow = 0
+                oh += 1
+                if oh == OH:
+                    oh = 0
+                    od += 1
+            if lane == T:
+                lane = 0
+                tb += step
+        if lane:
+            for q in range(lane, T):
+                bl[tb + q] = 0.0
+    bits = bl.view(np.uint64)
+    cnt = 0
+    for q in range(bits.size):
+        cnt += (bits[q] & _EXP) == _EXP
+    return cnt
+
+
+def _iterations(N, P, T, tpp):
+    """Tasks of :func:`conv_gemm_tasks`: batch elements x panels of ``tpp`` tiles."""
+    return N * -(-(-(-P // T)) // tpp)
+
+
+@span_kernel(iterations=lambda x5, c0, Cg, geo, apk, M, T, tpp, *rest:
+             _iterations(x5.shape[0], geo[12] * geo[13] * geo[14], T, tpp),
+             work=lambda x5, c0, Cg, geo, apk, M, *rest:
+             x5.shape[0] * Cg * int(geo[9] * geo[10] * geo[11] * geo[12] * geo[13] * geo[14])
+             * M // 16)
+def conv_gemm_tasks(x5, c0, Cg, geo, apk, M, T, tpp, c, cstep, bias, mode, bad, xbad, t0, t1):
+    """``c_i [M, P] = W @ X_i (+ bias[m])`` for every batch element ``i`` of ``x5``
+    (``X_i`` as :func:`_pack_panel` defines it; ``W [M, K]`` packed in ``apk`` as for
+    :func:`.gemm_f64.gemm_tiled`; output row ``m`` of batch element ``i`` at
+    ``c[i*cstep + m*P]``).  A span kernel over (batch element, panel of ``tpp`` tiles of
+    ``T`` columns): each task unfolds its panel once, into its own buffer, then runs every
+    row block's chains on it (all chunks of an output in one task, in k order) and the
+    epilogue; ``bad[t]`` / ``xbad[t]`` = the number of non-finite outputs / packed input
+    elements of task ``t``."""
+    P = geo[12] * geo[13] * geo[14]
+    K = Cg * geo[9] * geo[10] * geo[11]
+    ntile = (P + T - 1) // T
+    pn = (ntile + tpp - 1) // tpp
+    nmb = (M + 5) // 6
+    bpp = 16
+    edges = M % 6 != 0 or P % T != 0
+    for t in range(t0, t1):
+        i = t // pn
+        tb0 = (t - i * pn) * tpp
+        tb1 = min(ntile, tb0 + tpp)
+        bl = np.empty((tb1 - tb0) * K * T)
+        xbad[t] = _pack_panel(x5, i, c0, Cg, geo, tb0 * T, min(P, tb1 * T), T, bl)
+        scr = np.empty(((tb1 - tb0) + bpp) * 6 * T if edges else 0)
+        nbad = 0
+        for b0 in range(0, nmb, bpp):
+            b1 = min(nmb, b0 + bpp)
+            # bl holds tiles tb0.. only: offset so that tile tb0 starts at bl[0]
+            _panel(apk, bl, -tb0 * K * T, c, i * cstep, P, M, P, K, T, b0, b1, tb0, tb1, scr)
+            nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, tb0, tb1, scr, bias, mode)
+        bad[t] = nbad
+
+
+def applies(Cog, tiled):
+    """Whether this path can compute a convolution: at least 6 output channels per group
+    (a whole row block of the GEMM) and the register-tiled GEMM on this machine."""
+    return bool(tiled) and Cog >= 6
+
+
+#: Output planes of at most this many positions run here when each output has at least
+#: :data:`DEEP_TERMS` terms (every ISA; on 7x7 planes, two threads, AVX-512 / AVX2 ms:
+#: 3x3 512->512 75 / 84 here vs 99 / 92 on the wide-tile kernel, 1x1 512->2048 18 / 30 vs
+#: 25 / 39; but 3x3 16->32 @8, batch 64: 4.7 vs 1.5 on the row kernel).
+SMALL_PLANE = 64
+DEEP_TERMS = 256
+#: With 512-bit tiles, unpadded 1x1 kernels also run here when strided or on planes of at
+#: most this many positions (1x1 stride 2 256->512 @56: 42 vs 57 ms on the row kernel;
+#: 128->512 @28: 21 vs 24); on larger unstrided planes the row kernel streams the input
+#: better (256->64 @56: 28 vs 35), and with AVX2 it is faster on those shapes too
+#: (stride 2 256->512 @56: 60 vs 67; 128->512 @28: 27 vs 34).
+POINTWISE_PLANE = 1024
+
+
+def preferred(Cg, K3, O, strided, padded, wide512):
+    """Whether the plan runs an applicable convolution with ``Cg`` input channels per
+    group, kernel extents ``K3`` and output extents ``O`` here (see :data:`SMALL_PLANE`,
+    :data:`POINTWISE_PLANE`; ``wide512``: 512-bit register tiles)."""
+    P = O[0] * O[1] * O[2]
+    if P <= SMALL_PLANE and Cg * K3[0] * K3[1] * K3[2] >= DEEP_TERMS:
+        return True
+    if not wide512 or tuple(K3) != (1, 1, 1) or padded:
+        return False
+    return strided or P <= POINTWISE_PLANE
+
+
+def conv_gemm(x5, w5, bias, has_bias, groups, s, d, pads, out5):
+    """``out5 = conv(x5, w5) (+ bias)`` (rank-5 C-contiguous float64 arrays; strides
+    ``s``, dilations ``d``, zero padding ``pads``; at least 6 output channels per group).
+    Returns ``(finite, x_finite)``: whether every output is finite (always checked), and
+    whether every element of ``x5`` is: False when an element read is NaN/inf; True for
+    an unpadded unstrided 1x1 kernel (every element is read); else None."""
+    N = x5.shape[0]
+    Cout, Cg = w5.shape[:2]
+    K3 = w5.shape[2:]
+    Cog = Cout // groups
+    O = out5.shape[2:]
+    P = O[0] * O[1] * O[2]
+    K = Cg * K3[0] * K3[1] * K3[2]
+    T = G.tile_width(P)
+    # tiles per task: ~256 positions, fewer for deep kernels so the panel stays in L2
+    tpp = max(1, min(_PANEL, _PANEL_ELEMS // K) // T)
+    tasks = _iterations(N, P, T, tpp)
+    geo = np.array(tuple(s) + tuple(d) + tuple(pads) + tuple(K3) + tuple(O), dtype=np.int64)
+    w2 = w5.reshape(Cout, K)
+    c = out5.reshape(-1)
+    out_bad = x_bad = 0
+    for g in range(groups):
+        apk = G.pack_a(w2[g * Cog:(g + 1) * Cog], Cog * K < (1 << 16))
+        b = bias[g * Cog:(g + 1) * Cog] if has_bias else np.zeros(1)
+        bad = np.zeros(tasks, dtype=np.int64)
+        xbad = np.zeros(tasks, dtype=np.int64)
+        conv_gemm_tasks(x5, g * Cg, Cg, geo, apk, Cog, T, tpp, c[g * Cog * P:], Cout * P, b,
+                        1 if has_bias else 0, bad, xbad)
+        out_bad += int(bad.sum())
+        x_bad += int(xbad.sum())
+    if x_bad:
+        return out_bad == 0, False
+    every = tuple(K3) == (1, 1, 1) and tuple(s) == (1, 1, 1) and not any(pads)
+    return out_bad == 0, (True if every else None)
