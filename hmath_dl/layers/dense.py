@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks
-from .._kernels.gemm_f64 import matmul
+from .._kernels.gemm_f64 import gemm
 from ..errors import ShapeError
 
 __all__ = ["dense"]
@@ -64,20 +64,13 @@ def dense(x, weights, bias):
         if b is not None:
             _checks.require_finite(fname, "bias", b)
         return out
-    with np.errstate(over="ignore", invalid="ignore"):
-        if xa.shape[-1] == 0:
-            out[...] = 0.0
-        else:
-            # rows of every leading axis at once; the GEMM returns its own array
-            out = matmul(xa.reshape(-1, xa.shape[-1]), w.T).reshape(out.shape)
-        if b is not None:
-            out += b
-    # a NaN/inf anywhere makes the sum non-finite; a finite sum proves a finite output
-    # (one vectorised pass, no temporary); an overflowing sum of finite values falls
-    # back to the exact elementwise test
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = out.sum()
-    finite = bool(np.isfinite(total) or np.isfinite(out).all())
+    # rows of every leading axis at once, into out; the GEMM adds the bias to each
+    # finished chain and counts the non-finite results as it writes them (a NaN/inf
+    # anywhere in x, weights or bias makes some output non-finite)
+    rows = out.size // w.shape[0]
+    _, nonfinite = gemm(xa.reshape(rows, xa.shape[-1]), w.T, bias=b, bias_axis=1,
+                        out=out.reshape(rows, w.shape[0]))
+    finite = nonfinite == 0
     inputs = (("x", xa), ("weights", w)) + ((("bias", b),) if b is not None else ())
     return _checks.finish(fname, finite, out=out, inputs=inputs,
                           overflow="result is not finite (x @ weights.T + bias overflowed)")
