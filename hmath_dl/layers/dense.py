@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 
 from .. import _checks
 from .._kernels.gemm_f64 import gemm
