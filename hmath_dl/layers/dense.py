@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from .. import _checks
 from .._kernels.gemm_f64 import gemm
 from ..errors import ShapeError
