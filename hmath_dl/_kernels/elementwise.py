@@ -693,8 +693,8 @@ def _pfwd_der_template(p, x_flat, out_flat, d_flat):
 
 def _pfwd_span_template(p, xs, os):
     """Status of one chunk: NONFINITE_INPUT if an input is not finite, else OVERFLOW if
-    an output is not, else OK.  ``p == _PDEF`` (the default parameter) runs the unparameterised ``_FDEF``
-    (the same bits, documented)."""
+    an output is not, else OK.  ``p == _PDEF`` (the default parameter) runs the
+    unparameterised ``_FDEF`` (the same bits, documented)."""
     nb = 0
     no = 0
     if p == _PDEF:

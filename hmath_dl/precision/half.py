@@ -221,7 +221,8 @@ def round_to_precision(precision, x) -> np.ndarray:
 def _round_float32(fname: str, precision: Precision, arr: np.ndarray):
     """(float32 copy of ``arr`` rounded to ``precision``, kernel status, magnitude range):
     every 16-bit value is a float32; status NONFINITE_SOMEWHERE = NaN/inf present, >= 0
-    first overflow, NO_INDEX fine (:mod:`.._kernels.status`); the range is (largest |value|, smallest non-zero |value| or None)."""
+    first overflow, NO_INDEX fine (:mod:`.._kernels.status`); the range is (largest |value|,
+    smallest non-zero |value| or None)."""
     mbits, bias, _ = _FORMAT[precision]
     out = _checks.alloc(fname, arr.shape, np.float32)
     if arr.size == 0:
