@@ -80,30 +80,39 @@ def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
             bbase = bb + (tile * K + k0) * T
             for blk in range(b0, b1):
                 ab = (blk * K + k0) * _CB
-                if tile == cedge:
-                    dst = scr
-                    cb = ce0 + (blk - b0) * _CB * T
-                    cs = T
-                    pf = cb
-                elif blk == redge:
-                    dst = scr
-                    cb = (tile - t0) * _CB * T
-                    cs = T
-                    pf = cb
-                else:
-                    dst = c
-                    cb = cc + blk * _CB * ldc + tile * T
-                    cs = ldc
-                    pf = (cb + _CB * ldc if blk + 1 < b1
-                          else cc + b0 * _CB * ldc + (tile + 1) * T)
+                if tile == cedge or blk == redge:
+                    # an edge tile: its chains live in scr (rows of T)
+                    if tile == cedge:
+                        sb = ce0 + (blk - b0) * _CB * T
+                    else:
+                        sb = (tile - t0) * _CB * T
+                    _micro(bpk, bbase, T, apk, ab, nk, scr, sb, T, first, sb)
+                    continue
+                cb = cc + blk * _CB * ldc + tile * T
+                pf = (cb + _CB * ldc if blk + 1 < b1
+                      else cc + b0 * _CB * ldc + (tile + 1) * T)
                 if V == 4:
-                    _mv4(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv4(bpk, bbase, T, apk, ab, nk, c, cb, ldc, first, pf)
                 elif V == 3:
-                    _mv3(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv3(bpk, bbase, T, apk, ab, nk, c, cb, ldc, first, pf)
                 elif V == 2:
-                    _mv2(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv2(bpk, bbase, T, apk, ab, nk, c, cb, ldc, first, pf)
                 else:
-                    _mv1(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv1(bpk, bbase, T, apk, ab, nk, c, cb, ldc, first, pf)
+
+
+@helper
+def _micro(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf):
+    """One micro-kernel call of tile width ``T`` (the edge tiles of :func:`_panel`)."""
+    V = T // _VW
+    if V == 4:
+        _mv4(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf)
+    elif V == 3:
+        _mv3(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf)
+    elif V == 2:
+        _mv2(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf)
+    else:
+        _mv1(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf)
 
 
 @helper
@@ -111,7 +120,8 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
     """The epilogue of one task of :func:`_panel` (its outputs still in cache): the
     chains kept in ``scr`` copied to their outputs, then ``+ bias[m]`` (``mode`` 1) or
     ``+ bias[n]`` (``mode`` 2) -- one rounding after the chain, as ``c + bias`` --, and
-    the number of non-finite outputs of the task returned."""
+    the number of non-finite outputs of the task returned (``mode`` 3: no bias, no
+    count; 0 returned)."""
     nmb = (M + _CB - 1) // _CB
     ntile = (N + T - 1) // T
     redge = nmb - 1 if M % _CB else -1
@@ -124,30 +134,39 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
     for m in range(b0 * _CB, min(M, b1 * _CB)):
         blk = m // _CB
         j = m - blk * _CB
-        row = cc + m * ldc
+        row = c[cc + m * ldc + n0:cc + m * ldc + n1]       # this task's part of row m
         if blk == redge:
             for n in range(n0, ncut):
                 tile = n // T
-                c[row + n] = scr[((tile - t0) * _CB + j) * T + n - tile * T]
-        for n in range(ncut, n1):
-            c[row + n] = scr[ce0 + ((blk - b0) * _CB + j) * T + n - ncut]
+                row[n - n0] = scr[((tile - t0) * _CB + j) * T + n - tile * T]
+        e0 = ce0 + ((blk - b0) * _CB + j) * T - (ncut - n0)
+        for q in range(ncut - n0, n1 - n0):
+            row[q] = scr[e0 + q]
+        # one pass: bias (one rounding after the chain), then the finiteness test
         if mode == 1:
             bm = bias[m]
-            for n in range(n0, n1):
-                c[row + n] += bm
+            for q in range(row.size):
+                v = row[q] + bm
+                row[q] = v
+                bad += (v - v) != 0.0
         elif mode == 2:
-            for n in range(n0, n1):
-                c[row + n] += bias[n]
-        for n in range(n0, n1):
-            v = c[row + n]
-            bad += (v - v) != 0.0
+            bs = bias[n0:n1]
+            for q in range(row.size):
+                v = row[q] + bs[q]
+                row[q] = v
+                bad += (v - v) != 0.0
+        elif mode == 0:
+            for q in range(row.size):
+                v = row[q]
+                bad += (v - v) != 0.0
     return bad
 
 
 @span_kernel()
 def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bias, mode, bad, t0, t1):
     """For every batch ``i``: ``c_i [M, N] = a @ b_i`` by the specification above, then
-    ``+ bias`` (``mode`` 0: none, 1: ``bias[m]`` per row, 2: ``bias[n]`` per column), into
+    ``+ bias`` (``mode`` 0: none, 1: ``bias[m]`` per row, 2: ``bias[n]`` per column, 3:
+    none and no count), into
     ``c[i*cstep + m*ldc + n]`` (only those elements are written: no padding in ``c``);
     ``bad[task]`` = the number of non-finite outputs of each task.  K > 0.
 
@@ -162,7 +181,8 @@ def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bias, mode, bad, t0, 
     tpp = max(1, _NC // T)
     pm = (nmb + bpp - 1) // bpp
     pn = (ntile + tpp - 1) // tpp
-    edges = M % _CB != 0 or N % T != 0
+    redge = nmb - 1 if M % _CB else -1
+    cedge = ntile - 1 if N % T else -1
     for t in range(t0, t1):
         i = t // (pm * pn)
         r = t - i * (pm * pn)
@@ -170,9 +190,11 @@ def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bias, mode, bad, t0, 
         b1 = min(nmb, b0 + bpp)
         tb0 = (r % pn) * tpp
         tb1 = min(ntile, tb0 + tpp)
+        edges = b0 <= redge < b1 or tb0 <= cedge < tb1
         scr = np.empty(((tb1 - tb0) + (b1 - b0)) * _CB * T if edges else 0)
         _panel(apk, bpk, i * bstep, c, i * cstep, ldc, M, N, K, T, b0, b1, tb0, tb1, scr)
-        bad[t] = _finish(c, i * cstep, ldc, M, N, T, b0, b1, tb0, tb1, scr, bias, mode)
+        if edges or mode != 3:
+            bad[t] = _finish(c, i * cstep, ldc, M, N, T, b0, b1, tb0, tb1, scr, bias, mode)
 
 
 @kernel
@@ -334,12 +356,14 @@ def pack_a(a, packs=False):
     return apk
 
 
-def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_axis=0):
+def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_axis=0,
+              count=True):
     """Launch :func:`gemm_tiled` over every task (serially below ``_SERIAL_FMAS``
     multiply-adds): ``nb`` products of the packed ``a`` with the packed ``b_i`` into the
     flat ``c``, plus ``bias`` along output axis ``bias_axis`` (0: one value per row, 1:
-    per column).  Returns the number of non-finite outputs.  K > 0."""
-    mode = 0 if bias is None else 1 + int(bias_axis)
+    per column).  Returns the number of non-finite outputs (0 without ``count`` and
+    ``bias``: not counted).  K > 0."""
+    mode = (0 if count else 3) if bias is None else 1 + int(bias_axis)
     tasks = _tasks(M, N, T, nb)[2]
     bad = np.zeros(tasks, dtype=np.int64)
     small = nb * M * N * K < _SERIAL_FMAS
@@ -352,16 +376,16 @@ def matmul(a, b, out=None, tiled=None):
     """``a [M, K] @ b [K, N]`` by the specification of this module (plain Python launcher:
     ``a``, ``b`` 2-D float64; returns a new C-contiguous ``[M, N]`` array, or fills
     ``out``).  ``tiled`` forces the path (None: the machine policy decides)."""
-    return gemm(a, b, out=out, tiled=tiled)[0]
+    return gemm(a, b, out=out, tiled=tiled, count=False)[0]
 
 
-def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None):
+def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
     """``(c, nonfinite)``: ``c = a [M, K] @ b [K, N]`` by the specification of this
     module, then ``+ bias`` (a float64 vector along output axis ``bias_axis``: 1 adds
     ``bias[n]`` to column n, 0 ``bias[m]`` to row m; one rounding after the chain), and
-    the number of non-finite elements of ``c`` (counted as it is written).  ``c`` is a
-    new C-contiguous array or ``out``; ``tiled`` forces the path (None: the machine
-    policy decides)."""
+    the number of non-finite elements of ``c`` (counted as it is written; without
+    ``count`` and ``bias``: not counted, 0).  ``c`` is a new C-contiguous array or
+    ``out``; ``tiled`` forces the path (None: the machine policy decides)."""
     from ._cpu import machine
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
@@ -390,6 +414,8 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None):
         if bias is not None:
             with np.errstate(over="ignore", invalid="ignore"):
                 out += bias if bias_axis == 1 else bias[:, None]
+        if not count and bias is None:
+            return out, 0
         with np.errstate(over="ignore", invalid="ignore"):
             return out, int(out.size - np.count_nonzero(np.isfinite(out)))
     T = tile_width(N)
@@ -403,7 +429,8 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None):
     else:
         (_pack_b.serial if packs else _pack_b)(np.ascontiguousarray(b), bpk, K, T)
     c = out if out.flags.c_contiguous else np.empty((M, N))
-    bad = run_tiled(apk, bpk, 0, c.reshape(-1), 0, N, M, N, K, T, 1, bias, 0 if bias_axis == 0 else 1)
+    bad = run_tiled(apk, bpk, 0, c.reshape(-1), 0, N, M, N, K, T, 1, bias,
+                    0 if bias_axis == 0 else 1, count)
     if c is not out:
         out[...] = c
     return out, bad
