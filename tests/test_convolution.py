@@ -244,15 +244,16 @@ def test_register_tiled_kernel_gives_the_generic_kernels_bits(c, t):
     generic direct kernel sum the same terms in the same order (one fused multiply-add
     each), so they must agree bit for bit."""
     from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import views as V
     x, w, b = c["x"], c["w"], c["bias"]
-    p3 = K._pad3(c["p"], 0)
-    x5 = K._as5(x)
+    p3 = V.pad3(c["p"], 0)
+    x5 = V.writeable5(x)
     xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
     xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
     tiled = conv_nd(x, w, b, c["s"], c["p"], c["d"], c["groups"])   # strided: phase split
     generic = np.empty_like(tiled)
-    K.conv_forward(xp, K._as5(w), b if b is not None else np.zeros(1), b is not None,
-                   c["groups"], *K._pad3(c["s"], 1), *K._pad3(c["d"], 1), K._out5(generic))
+    K.conv_forward(xp, V.writeable5(w), b if b is not None else np.zeros(1), b is not None,
+                   c["groups"], *V.pad3(c["s"], 1), *V.pad3(c["d"], 1), V.out5(generic))
     assert tiled.tobytes() == generic.tobytes()
     x, w, b, groups = t["x"], t["w"], t["bias"], t["groups"]
     O = tuple((x.shape[2 + a] - 1) * t["s"][a] - 2 * t["p"][a] + t["d"][a] * (w.shape[2 + a] - 1)
@@ -260,9 +261,9 @@ def test_register_tiled_kernel_gives_the_generic_kernels_bits(c, t):
     tiled = conv_transpose_nd(x, w, b, t["s"], t["p"], t["d"], t["op"], groups)
     windows = np.empty_like(tiled)
     bb = np.asarray(b, dtype=np.float64) if b is not None else np.zeros(1)
-    K._conv_transpose_windows(K._as5(x), K._as5(w), bb, b is not None, K._pad3(t["s"], 1),
-                              K._pad3(t["p"], 0), K._pad3(t["d"], 1), K._pad3(O, 1), groups,
-                              windows, K._out5(windows))
+    K._conv_transpose_windows(V.writeable5(x), V.writeable5(w), bb, b is not None,
+                              V.pad3(t["s"], 1), V.pad3(t["p"], 0), V.pad3(t["d"], 1),
+                              V.pad3(O, 1), groups, windows, V.out5(windows))
     assert tiled.tobytes() == windows.tobytes()
 
 
@@ -284,19 +285,20 @@ def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, w
     reading a padded copy; either way it must agree bit for bit with the generic direct
     kernel."""
     from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import views as V
     if not fuse:
         monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
     g = np.random.default_rng(13)
     x, w = g.standard_normal(xs), g.standard_normal(ws)
     b = g.standard_normal(ws[0]) if with_bias else None
-    p3, d3 = K._pad3(p, 0), K._pad3(d, 1)
-    x5 = K._as5(x)
+    p3, d3 = V.pad3(p, 0), V.pad3(d, 1)
+    x5 = V.writeable5(x)
     xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
     xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
     tiled = conv_nd(x, w, b, (1,) * len(p), p, d, groups)
     generic = np.empty_like(tiled)
-    K.conv_forward(xp, K._as5(w), b if b is not None else np.zeros(1), b is not None, groups,
-                   1, 1, 1, *d3, K._out5(generic))
+    K.conv_forward(xp, V.writeable5(w), b if b is not None else np.zeros(1), b is not None,
+                   groups, 1, 1, 1, *d3, V.out5(generic))
     assert tiled.tobytes() == generic.tobytes()
     ref, mag = conv_reference(x, w, b, (1,) * len(p), p, d, groups)
     assert_matches(tiled, ref, mag, w[0].size)
@@ -317,19 +319,20 @@ def test_strided_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, grou
     split of :func:`pad_split`); either way the bytes of the generic direct kernel, and
     the oracle's numbers."""
     from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import views as V
     if not fuse:
         monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
     g = np.random.default_rng(18)
     x, w, b = g.standard_normal(xs), g.standard_normal(ws), g.standard_normal(ws[0])
-    p3 = K._pad3(p, 0)
-    x5 = K._as5(x)
+    p3 = V.pad3(p, 0)
+    x5 = V.writeable5(x)
     xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
     xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
     got = conv_nd(x, w, b, s, p, d, groups)
     assert got.shape[-1] >= 16
     generic = np.empty_like(got)
-    K.conv_forward(xp, K._as5(w), b, True, groups, *K._pad3(s, 1), *K._pad3(d, 1),
-                   K._out5(generic))
+    K.conv_forward(xp, V.writeable5(w), b, True, groups, *V.pad3(s, 1), *V.pad3(d, 1),
+                   V.out5(generic))
     assert got.tobytes() == generic.tobytes()
     ref, mag = conv_reference(x, w, b, s, p, d, groups)
     assert_matches(got, ref, mag, w[0].size)
@@ -483,19 +486,21 @@ def test_two_phase_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, op
     tiles near the end of the input by the scalar chain); it must give the generic
     kernel's bytes and match the oracle."""
     from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import views as V
     g = np.random.default_rng(16)
     x, w = g.standard_normal(xs), g.standard_normal(ws)
     b = g.standard_normal(ws[1] * groups)
     geo = K._transpose_geometry(
-        K._pad3(xs[2:], 1), K._pad3(ws[2:], 1), K._pad3(s, 1), K._pad3(p, 0), K._pad3(d, 1),
-        K._pad3(tuple((xs[2 + a] - 1) * s[a] - 2 * p[a] + d[a] * (ws[2 + a] - 1) + op[a] + 1
-                      for a in range(len(s))), 1), groups, xs[1] // groups, ws[1])
+        V.pad3(xs[2:], 1), V.pad3(ws[2:], 1), V.pad3(s, 1), V.pad3(p, 0), V.pad3(d, 1),
+        V.pad3(tuple((xs[2 + a] - 1) * s[a] - 2 * p[a] + d[a] * (ws[2 + a] - 1) + op[a] + 1
+                     for a in range(len(s))), 1), groups, xs[1] // groups, ws[1])
     assert geo[-1] is not None            # the two-phase row kernel applies
     got = conv_transpose_nd(x, w, b, s, p, d, op, groups)
     windows = np.empty_like(got)
     O = got.shape[2:]
-    K._conv_transpose_windows(K._as5(x), K._as5(w), b, True, K._pad3(s, 1), K._pad3(p, 0),
-                              K._pad3(d, 1), K._pad3(O, 1), groups, windows, K._out5(windows))
+    K._conv_transpose_windows(V.writeable5(x), V.writeable5(w), b, True, V.pad3(s, 1),
+                              V.pad3(p, 0), V.pad3(d, 1), V.pad3(O, 1), groups, windows,
+                              V.out5(windows))
     assert got.tobytes() == windows.tobytes()
     ref, mag = conv_transpose_reference(x, w, b, s, p, d, op, groups)
     assert_matches(got, ref, mag, w.shape[0] * w[0, 0].size)

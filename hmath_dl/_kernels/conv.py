@@ -60,7 +60,7 @@ import numpy as np
 import numba
 from numba import prange
 
-from . import _cpu, conv_gemm
+from . import _cpu, conv_gemm, views
 from ._jit import helper, kernel, span_kernel
 from ._plan import forcing
 
@@ -1039,27 +1039,6 @@ def conv_weight_grad(xp, gy, groups, sd, sh, sw, dd, dh, dw, out):
 
 
 # --------------------------------------------------------------------------- entry points
-def _out5(a):
-    """Rank-5 view of an output array (never copied)."""
-    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
-
-
-def _as5(a):
-    """View a rank 3-5 array as rank 5 by inserting unit spatial axes after N, C.
-
-    A read-only array is copied first: numba compiles a separate specialisation for
-    read-only arrays, and one compiled variant per kernel keeps first calls fast."""
-    if not a.flags.writeable:
-        a = a.copy()
-    extra = 5 - a.ndim
-    return a.reshape(a.shape[:2] + (1,) * extra + a.shape[2:])
-
-
-def _pad3(t, fill):
-    t = tuple(int(v) for v in t)
-    return (fill,) * (3 - len(t)) + t
-
-
 @functools.lru_cache(maxsize=None)
 def tiled_kernels_enabled():
     """Whether the register-tiled kernels are used: the machine policy's ``tiled`` (x86
@@ -1310,11 +1289,11 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
     stride-phase split when every phase is used), else None.
     """
     r = x.ndim - 2
-    s = _pad3(stride, 1)
-    p = _pad3(padding, 0)
-    d = _pad3(dilation, 1)
-    x5 = _as5(x)
-    w5 = _as5(w)
+    s = views.pad3(stride, 1)
+    p = views.pad3(padding, 0)
+    d = views.pad3(dilation, 1)
+    x5 = views.writeable5(x)
+    w5 = views.writeable5(w)
     N, Cin = x5.shape[:2]
     S = x5.shape[2:]
     K = w5.shape[2:]
@@ -1326,7 +1305,7 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
     finite = x_finite = None
     if out.size:
         finite, x_finite = _launch_forward(x5, w5, b, bias is not None, int(groups), s, d,
-                                           _out5(out), p)
+                                           views.out5(out), p)
     return (out, finite, x_finite) if report_finite else out
 
 
@@ -1364,12 +1343,12 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     count never matters.  ``report_finite``: as for :func:`conv_nd`.
     """
     r = x.ndim - 2
-    s = _pad3(stride, 1)
-    p = _pad3(padding, 0)
-    d = _pad3(dilation, 1)
-    op = _pad3(output_padding, 0)
-    x5 = _as5(x)
-    w5 = _as5(w)
+    s = views.pad3(stride, 1)
+    p = views.pad3(padding, 0)
+    d = views.pad3(dilation, 1)
+    op = views.pad3(output_padding, 0)
+    x5 = views.writeable5(x)
+    w5 = views.writeable5(w)
     groups = int(groups)
     N, Cin = x5.shape[:2]
     Cog = w5.shape[1]
@@ -1383,7 +1362,7 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
         out = np.empty(shape, dtype=np.float64)
     if out.size == 0:
         return (out, None) if report_finite else out
-    out5 = _out5(out)
+    out5 = views.out5(out)
     has_bias = bias is not None
     b = np.asarray(bias, dtype=np.float64) if has_bias else np.zeros(1, dtype=np.float64)
     if Cog < 4 or not tiled_kernels_enabled():
@@ -1606,13 +1585,13 @@ def conv_weight_grad_nd(x, gy, kernel_shape, stride, padding, dilation, groups, 
     ``gy`` (validated arrays); ``kernel_shape`` the spatial shape of ``w``.  Returns
     ``[Cout, Cin/groups, *K]``."""
     r = x.ndim - 2
-    s = _pad3(stride, 1)
-    p = _pad3(padding, 0)
-    d = _pad3(dilation, 1)
-    x5 = _as5(x)
+    s = views.pad3(stride, 1)
+    p = views.pad3(padding, 0)
+    d = views.pad3(dilation, 1)
+    x5 = views.writeable5(x)
     N, Cin = x5.shape[:2]
     S = x5.shape[2:]
-    K = _pad3(kernel_shape, 1)
+    K = views.pad3(kernel_shape, 1)
     Cout = gy.shape[1]
     shape = (Cout, Cin // int(groups)) + K[3 - r:]
     if out is None:
@@ -1624,6 +1603,6 @@ def conv_weight_grad_nd(x, gy, kernel_shape, stride, padding, dilation, groups, 
     else:
         xp = x5
     if out.size:
-        conv_weight_grad(xp, _as5(gy), int(groups), s[0], s[1], s[2], d[0], d[1], d[2],
+        conv_weight_grad(xp, views.writeable5(gy), int(groups), s[0], s[1], s[2], d[0], d[1], d[2],
                          out.reshape((Cout, Cin // int(groups)) + K))
     return out

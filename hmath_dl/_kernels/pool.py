@@ -31,6 +31,7 @@ from numba import prange
 
 from . import pool_fast
 from ._jit import helper, kernel, span_kernel
+from .views import out5, readonly, readonly5
 
 
 @helper
@@ -304,27 +305,6 @@ def max_pool_argmax(x, lo_d, hi_d, lo_h, hi_h, lo_w, hi_w, out, idx):
 
 
 # --------------------------------------------------------------------------- entry points
-def _out5(a):
-    """Rank-5 view of an output array (never copied)."""
-    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
-
-
-def readonly(a):
-    """``a`` typed read-only (an O(1) view when ``a`` is writeable): kernel inputs are
-    always passed read-only, so each kernel has a single compiled specialisation and
-    read-only inputs (e.g. autodiff tape values) are never copied."""
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
-
-
-def _as5(a):
-    """Read-only rank-5 view of an input (unit spatial axes inserted after N, C)."""
-    extra = 5 - a.ndim
-    return readonly(a.reshape(a.shape[:2] + (1,) * extra + a.shape[2:]))
-
-
 def _bounds3(bounds):
     """Per-axis (lo, hi) int64 arrays, padded to 3 axes with the unit box [0, 1)."""
     one = (np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64))
@@ -379,7 +359,7 @@ def pool_box_nd(x, axes, is_max, out):
         status = pool_fast.forward(x, axes, is_max, out)     # regular 2-D windows
         if status is not None:
             return status
-        return int(pool_boxes(_as5(x), *boxes3(axes), bool(is_max), _out5(out)))
+        return int(pool_boxes(readonly5(x), *boxes3(axes), bool(is_max), out5(out)))
     return 0
 
 
@@ -387,7 +367,7 @@ def max_pool_argmax_nd(x, bounds, out, idx):
     """Like :func:`pool_nd` for max, also filling ``idx`` (int64, shape of ``out``) with the
     flat spatial index of each window's first maximum (window order d, h, w)."""
     if out.size:
-        max_pool_argmax(_as5(x), *_bounds3(bounds), _out5(out), _out5(idx))
+        max_pool_argmax(readonly5(x), *_bounds3(bounds), out5(out), out5(idx))
     return out, idx
 
 

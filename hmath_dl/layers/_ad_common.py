@@ -33,25 +33,6 @@ def _c(g):
     return np.ascontiguousarray(g, dtype=np.float64)
 
 
-def _ro(a):
-    """``a`` typed read-only for a kernel input (an O(1) view, never a copy): every call
-    compiles to the same specialisation, and read-only tape values are not copied."""
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
-
-
-def _w5(a):
-    """Rank-5 view of a (writeable) kernel output: unit spatial axes after N, C."""
-    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
-
-
-def _ro5(a):
-    """Read-only rank-5 view of a kernel input."""
-    return _ro(_w5(a))
-
-
 def _tuple(value, r):
     if isinstance(value, (int, np.integer)):
         return (int(value),) * r

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff.core import make_node, register_vjp
-from ._ad_common import _ad, _c, _named, _ro5, _w5
+from .._kernels.views import out5, readonly5
+from ._ad_common import _ad, _c, _named
 
 __all__ = ["pooling_ad", "adaptive_pooling_ad", "global_pooling_ad"]
 
@@ -147,7 +148,7 @@ def _vjp_box_pooling(g, node, needs):
     if dx.size:
         xv = x.value.reshape(plan.x_shape)
         gv = _c(g).reshape(plan.out_shape)
-        pool_backward_nd(_ro5(xv), _ro5(gv), boxes3(plan.axes), plan.is_max, _w5(dx))
+        pool_backward_nd(readonly5(xv), readonly5(gv), boxes3(plan.axes), plan.is_max, out5(dx))
     return (dx.reshape(x.shape),)
 
 

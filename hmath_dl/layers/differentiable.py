@@ -25,7 +25,8 @@ from .. import _checks
 from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
 from ..autodiff.core import make_node, register_vjp
-from ._ad_common import _ad, _c, _named, _opt_ad, _parents, _ro, _ro5, _w5
+from .._kernels.views import out5, pad3, readonly, readonly5
+from ._ad_common import _ad, _c, _named, _opt_ad, _parents
 from ._ad_attention import multihead_attention_ad, scaled_dot_product_attention_ad
 from ._ad_norm import batch_norm_ad, layer_norm_ad, rms_norm_ad
 from ._ad_pool import pooling_ad
@@ -213,25 +214,24 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
     """
     from .._kernels.backward import channels_first, col2im, im2col
-    from .._kernels.conv import _pad3
     xs = x.shape
     N, C = xs[0], xs[1]
     Cout = w_shape[0]
     Cg, Cog = C // groups, Cout // groups
-    K = _pad3(w_shape[2:], 1)
+    K = pad3(w_shape[2:], 1)
     KK = K[0] * K[1] * K[2]
-    O = _pad3(g.shape[2:], 1)
+    O = pad3(g.shape[2:], 1)
     P = O[0] * O[1] * O[2]
-    s3, p3, d3 = _pad3(s, 1), _pad3(p, 0), _pad3(d, 1)
+    s3, p3, d3 = pad3(s, 1), pad3(p, 0), pad3(d, 1)
     geo = K + s3 + d3 + p3 + O
     G = np.empty((Cout, N * P))
     if G.size:
-        channels_first.sized(G.size)(_ro(_c(g).reshape(N, Cout, P)), G)
+        channels_first.sized(G.size)(readonly(_c(g).reshape(N, Cout, P)), G)
     gx = gw = None
     if need_w:
         cols = np.empty((C * KK, N * P))
         if cols.size:
-            im2col.sized(cols.size)(_ro5(x), *geo, cols)
+            im2col.sized(cols.size)(readonly5(x), *geo, cols)
         dw = np.empty((Cout, Cg * KK))
         for gi in range(groups):
             rows = slice(gi * Cog, (gi + 1) * Cog)
@@ -248,7 +248,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
                 dcols[gi * Cg * KK:(gi + 1) * Cg * KK] = matmul_nd(w2[rows].T, G[rows])
         dx = np.empty(xs)
         if dx.size:
-            col2im.sized(dcols.size)(_ro(_c(dcols)), *geo, _w5(dx))
+            col2im.sized(dcols.size)(readonly(_c(dcols)), *geo, out5(dx))
         gx = dx
     return gx, gw
 

@@ -38,7 +38,8 @@ import functools
 import numpy as np
 
 from .. import _checks
-from .._kernels.pool import adaptive_bounds, global_pool, pool_box_nd, readonly
+from .._kernels.pool import adaptive_bounds, global_pool, pool_box_nd
+from .._kernels.views import out5, readonly, readonly5
 from ..errors import DomainError, IndexOutOfRange, ShapeError
 from .convolution import ShapeOrDomainError
 
@@ -356,7 +357,7 @@ def max_pooling_with_indices(window, stride, padding, x, *, dilation=None, ceil_
     TypeError, ShapeError, DomainError, ShapeOrDomainError, NonFiniteError
         As for :func:`pooling` (MAX).
     """
-    from .._kernels.pool import _as5, _out5, boxes3
+    from .._kernels.pool import boxes3
     from .._kernels.pool_indices import first_max_indices
     fname = "max_pooling_with_indices"
     _, xb, unbatched = _input(fname, PoolMode.MAX, x, "window", window)
@@ -365,8 +366,8 @@ def max_pooling_with_indices(window, stride, padding, x, *, dilation=None, ceil_
     out = _run(fname, True, xb, O, axes, unbatched)        # the values: exactly pooling(MAX)'s
     idx = _checks.alloc(fname, out.shape, np.int64)
     if out.size:
-        first_max_indices.sized(xb.size)(_as5(xb), *boxes3(axes)[:9], readonly(_out5(out)),
-                                          _out5(idx))
+        first_max_indices.sized(xb.size)(readonly5(xb), *boxes3(axes)[:9], readonly5(out),
+                                          out5(idx))
     return _finish(out, unbatched), _finish(idx, unbatched)
 
 
