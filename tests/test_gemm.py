@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from hmath_dl import autodiff as ad
 from hmath_dl._kernels import gemm_f64 as G
+from hmath_dl._kernels._jit import forced_schedule, runs_serial
 from hmath_dl.layers import dense
 from tests.helpers import ROOT
 from tests.reference import gemm as ref
@@ -45,15 +46,30 @@ def test_tiled_parallel_serial_and_rows_agree(M, K, N):
     a, b = _rnd((M, K), 1), _rnd((K, N), 2)
     tiled = G.matmul(a, b, tiled=True)
     assert tiled.tobytes() == G.matmul(a, b, tiled=False).tobytes()
-    old = G._SERIAL_FMAS
-    try:
-        G._SERIAL_FMAS = 1 << 62          # everything serial
+    with forced_schedule("serial"):       # everything serial
         assert G.matmul(a, b, tiled=True).tobytes() == tiled.tobytes()
-        G._SERIAL_FMAS = 0                # everything parallel
+    with forced_schedule("parallel"):     # everything parallel
         assert G.matmul(a, b, tiled=True).tobytes() == tiled.tobytes()
-    finally:
-        G._SERIAL_FMAS = old
     assert np.allclose(tiled, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_forced_schedule_overrides_the_work_size_choice():
+    """The one package-level serial/parallel switch: forced_schedule decides for every
+    launch (Kernel.sized, launchers with their own threshold) and restores the policy."""
+    k = G.gemm_rows
+    with forced_schedule("serial"):
+        assert k.sized(1 << 62) is k.serial
+        assert runs_serial(False)
+    with forced_schedule("parallel"):
+        assert k.sized(0) is k.parallel
+        assert not runs_serial(True)
+        with forced_schedule(None):
+            assert runs_serial(True) and not runs_serial(False)
+        assert not runs_serial(True)
+    assert runs_serial(True) and not runs_serial(False)
+    with pytest.raises(ValueError, match="schedule 'fast' is not one of"):
+        with forced_schedule("fast"):
+            pass
 
 
 def test_dense_is_the_chain_then_the_bias():

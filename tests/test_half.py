@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
+from hmath_dl._kernels._jit import forced_schedule
 from hmath_dl.errors import DomainError, MathError, NonFiniteError, NumericOverflow, ShapeError
 from hmath_dl.precision import (
     Precision,
@@ -360,7 +361,7 @@ def test_fused_and_separate_kernels_agree_bitwise(p, monkeypatch):
 
 
 @pytest.mark.parametrize("p", [FP16, BF16])
-def test_parallel_and_serial_kernels_agree_and_match_oracle(p, monkeypatch):
+def test_parallel_and_serial_kernels_agree_and_match_oracle(p):
     import hmath_dl.precision.half as half_mod
     rng = np.random.default_rng(22)
     a = rng.standard_normal((130, 520)).astype(np.float32).astype(np.float64)
@@ -371,8 +372,8 @@ def test_parallel_and_serial_kernels_agree_and_match_oracle(p, monkeypatch):
     a16 = a.astype(np.float32).astype(dt).astype(np.float64)  # single rounding from float32
     b16 = b.astype(np.float32).astype(dt).astype(np.float64)
     assert same_bits(parallel, ref.reduced_gemm_f32(a16, b16)[0])
-    monkeypatch.setattr(half_mod, "_SERIAL_GEMM_WORK", 1 << 40)
-    assert same_bits(reduced_gemm(p, a, b), parallel)
+    with forced_schedule("serial"):
+        assert same_bits(reduced_gemm(p, a, b), parallel)
 
 
 def test_exact_fma_guard_catches_product_overflow_hidden_by_cancellation():
@@ -488,7 +489,7 @@ def _reduced(path, p, a, b):
 
 @pytest.mark.parametrize("path", _RPATHS)
 @pytest.mark.parametrize("p", [FP16, BF16])
-def test_reduced_gemm_paths_bit_equal(path, p, monkeypatch):
+def test_reduced_gemm_paths_bit_equal(path, p):
     # M, N, K not multiples of any tile, K chunk or task; narrow and wide tiles; both the
     # fused (exact products) and the separate multiply/add kernels; serial and parallel
     rng = np.random.default_rng(31)
@@ -510,15 +511,13 @@ def test_reduced_gemm_paths_bit_equal(path, p, monkeypatch):
     a = rng.standard_normal((130, 520))
     b = rng.standard_normal((520, 300))
     want = _reduced("portable", p, a, b)
-    monkeypatch.setattr(_half_mod, "_SERIAL_GEMM_WORK", 1 << 40)     # serial kernels
-    monkeypatch.setattr(_half_mod, "_SERIAL_TILED_WORK", 1 << 40)
-    assert same_bits(_reduced(path, p, a, b), want)
-    monkeypatch.setattr(_half_mod, "_SERIAL_GEMM_WORK", 0)           # parallel kernels
-    monkeypatch.setattr(_half_mod, "_SERIAL_TILED_WORK", 0)
-    for m, k, n in shapes[:5]:
-        a = rng.standard_normal((m, k))
-        b = rng.standard_normal((k, n))
-        assert same_bits(_reduced(path, p, a, b), _reduced("portable", p, a, b))
+    with forced_schedule("serial"):                                  # serial kernels
+        assert same_bits(_reduced(path, p, a, b), want)
+    with forced_schedule("parallel"):                                # parallel kernels
+        for m, k, n in shapes[:5]:
+            a = rng.standard_normal((m, k))
+            b = rng.standard_normal((k, n))
+            assert same_bits(_reduced(path, p, a, b), _reduced("portable", p, a, b))
 
 
 @pytest.mark.parametrize("path", _RPATHS)

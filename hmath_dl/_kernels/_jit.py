@@ -30,7 +30,13 @@ a call that needs microseconds.  So calls with little work run the serial path:
 ``0`` makes every call parallel; :meth:`SpanKernel.run` applies the same rule).  A kernel
 declared with ``work=f`` chooses by itself on every call (``f(*args)`` its work); the
 others are parallel when called directly, and callers with their own work measure use
-``k.sized(work)(*args)``.
+``k.sized(work)(*args)``.  Launchers that compare their own size threshold ask
+:func:`runs_serial` ``(small)``.
+
+:func:`forced_schedule` ``("serial" | "parallel")`` overrides the work-size choice within a
+block (every :class:`Kernel` and :class:`SpanKernel` launch, and :func:`runs_serial`), for
+the tests that hold both paths to the same bits and for A/B benchmarks; a child of an
+unsafe fork stays serial.
 
 Less to compile
 ---------------
@@ -44,6 +50,7 @@ helper through its address (:func:`_call_span`), so the helper is compiled once 
 paths, and a call with little work compiles nothing else.
 """
 
+import contextlib
 import hashlib
 import os
 import re
@@ -58,9 +65,10 @@ from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
 from .. import _threads
+from ._plan import forcing
 
 __all__ = ["kernel", "helper", "Kernel", "span_kernel", "SpanKernel", "CACHE_ENABLED",
-           "compile_watch"]
+           "compile_watch", "SCHEDULES", "forced_schedule", "runs_serial"]
 
 from ..config import CACHE_ENABLED  # noqa: E402  (HMATH_DL_NO_CACHE)
 from ..config import QUIET  # noqa: E402  (HMATH_DL_QUIET)
@@ -259,6 +267,33 @@ def _install_compile_watch():
 compile_watch = _install_compile_watch()
 
 
+# --------------------------------------------------------------------------- schedule
+#: The schedules :func:`forced_schedule` accepts (speed only: both give the same bits).
+SCHEDULES = ("serial", "parallel")
+_forced = {"schedule": None}
+
+
+@contextlib.contextmanager
+def forced_schedule(name):
+    """Within the block every kernel launch takes the schedule ``name``: ``"serial"`` (the
+    serial path whatever the work) or ``"parallel"`` (the parallel compilation whatever the
+    work; a span kernel of one iteration still runs it directly); ``None`` restores the
+    work-size policy.  Process-wide (not per thread), like the ``forced_*_path`` context
+    managers.  A child of an unsafe fork runs serially regardless.  Explicit ``k.serial``
+    calls are not affected.  Any other name raises ``ValueError``."""
+    if name is not None and name not in SCHEDULES:
+        raise ValueError(f"schedule {name!r} is not one of {SCHEDULES}")
+    with forcing(_forced, "schedule", name):
+        yield
+
+
+def runs_serial(small):
+    """Whether a launch runs serially, ``small`` being the launcher's own size test: the
+    forced schedule (:func:`forced_schedule`) if any, else ``small``."""
+    forced = _forced["schedule"]
+    return small if forced is None else forced == "serial"
+
+
 def _jit(fn, parallel):
     options = dict(parallel=parallel, nogil=True, error_model="numpy")
     if CACHE_ENABLED:
@@ -276,8 +311,8 @@ class Kernel:
 
     Calling it runs the ``parallel=True`` compilation, except in a child of an unsafe
     fork, where it runs :attr:`serial`, and, when the kernel was declared with a ``work``
-    measure, for calls with less than :attr:`limit` work units (:meth:`sized`).
-    ``py_func`` is the Python function."""
+    measure, for calls with less than :attr:`limit` work units (:meth:`sized`); within
+    :func:`forced_schedule` it runs the forced path.  ``py_func`` is the Python function."""
 
     __slots__ = ("parallel", "py_func", "_serial", "work", "limit",
                  "__name__", "__qualname__", "__wrapped__", "__dict__")
@@ -319,14 +354,18 @@ class Kernel:
     def sized(self, work):
         """The callable to run for a call of ``work`` units: the serial path below
         :attr:`limit` (or always, in a child of an unsafe fork), else the parallel
-        compilation.  The one serial/parallel policy of the package."""
-        if _threads._SERIAL_ONLY or work < self.limit:
+        compilation; within :func:`forced_schedule`, the forced one.  The one
+        serial/parallel policy of the package."""
+        if _threads._SERIAL_ONLY or runs_serial(work < self.limit):
             return self.serial
         return self.parallel
 
     def __call__(self, *args):
         if _threads._SERIAL_ONLY:
             return self.serial(*args)
+        forced = _forced["schedule"]
+        if forced is not None:
+            return (self.serial if forced == "serial" else self.parallel)(*args)
         if self.work is not None and self.work(*args) < self.limit:
             return self.serial(*args)
         return self.parallel(*args)
@@ -513,10 +552,10 @@ class SpanKernel:
 
     def run(self, n, work, *args):
         """Run iterations ``0 .. n-1`` of the span helper on ``args`` (serially for less
-        than ``limit`` work units)."""
+        than ``limit`` work units, or as :func:`forced_schedule` says)."""
         if n <= 0:
             return
-        if _threads._SERIAL_ONLY or work < self.limit or n == 1:
+        if _threads._SERIAL_ONLY or runs_serial(work < self.limit) or n == 1:
             self.span(*args, 0, n)
         else:
             _drive(args, n, self.address(args))

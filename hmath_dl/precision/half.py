@@ -24,6 +24,7 @@ from .. import _checks
 from .._kernels import half as _khalf
 from .._kernels import gemm_reduced as _kgemm
 from .._kernels._cpu import machine as _machine
+from .._kernels._jit import runs_serial
 from .._kernels._plan import forcing
 from ..config import SERIAL_WORK
 from .._kernels.status import NO_INDEX, NONFINITE_INPUT, NONFINITE_SOMEWHERE, OK
@@ -353,7 +354,8 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         # panels (the same values), then one product (the same bits as below)
         mbits, bias, _ = _FORMAT[precision]
         bad = _kgemm.reduced_tiled(
-            a, b, mbits, bias, out, _products_exact, parallel=m * n * k > _SERIAL_TILED_WORK)
+            a, b, mbits, bias, out, _products_exact,
+            parallel=not runs_serial(m * n * k <= _SERIAL_TILED_WORK))
         if bad is not None:     # None: NaN/inf or an overflowing entry, named below
             return _finish(fname, precision, out, bad)
     a32, status_a, range_a = _round_float32(fname, precision, a)
@@ -369,7 +371,8 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         out[...] = 0.0
         return out
     fused = _products_exact(range_a, range_b)
-    if m * n * k <= _SERIAL_GEMM_WORK:      # a parallel launch would cost more than it saves
+    # a parallel launch would cost more than it saves (unless forced_schedule says otherwise)
+    if runs_serial(m * n * k <= _SERIAL_GEMM_WORK):
         bad = int(_kgemm.gemm_f32_seq_serial(a32, b32, out, fused))
     else:
         bad = int(_kgemm.gemm_f32_seq(a32, b32, out, fused))
