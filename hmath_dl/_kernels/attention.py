@@ -51,6 +51,7 @@ from numba import prange
 from ._jit import helper, kernel
 from .libm import cos_inline, exp_inline, log_inline, sin_inline
 from .status import NO_INDEX, OK, OVERFLOW, SCORE_OVERFLOW
+from .views import readonly
 
 # Query rows handled together: their scores are computed in one sweep over the keys so that
 # every key column is loaded once per block instead of once per row.
@@ -495,22 +496,14 @@ def _rotary_forward(x, base, offset, out):
     return np.int64(NO_INDEX)
 
 
-def _readonly(a):
-    """``a`` typed read-only for numba (an O(1) view when ``a`` is writeable), so that every
-    call compiles to the same specialisation whether or not the caller's arrays are
-    read-only (e.g. views from ``cache_values``)."""
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
-
-
 def attention_forward(q, k, v, mask, bias, out, weights, gkv=1, scale=0.0):
     """Scaled dot-product attention; see the module docstring (inputs are only read)."""
-    return _attention_forward(_readonly(q), _readonly(k), _readonly(v), _readonly(mask),
-                              _readonly(bias), out, weights, np.int64(gkv), float(scale))
+    # inputs typed read-only: one compiled specialisation whether or not the caller's
+    # arrays are read-only (e.g. views from ``cache_values``)
+    return _attention_forward(readonly(q), readonly(k), readonly(v), readonly(mask),
+                              readonly(bias), out, weights, np.int64(gkv), float(scale))
 
 
 def rotary_forward(x, base, offset, out):
     """Rotary embedding; see the module docstring (``x`` is only read)."""
-    return _rotary_forward(_readonly(x), float(base), np.int64(offset), out)
+    return _rotary_forward(readonly(x), float(base), np.int64(offset), out)

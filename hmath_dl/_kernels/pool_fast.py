@@ -33,6 +33,7 @@ from numba import prange
 
 from ._jit import helper, kernel
 from ._plan import forcing
+from .views import readonly
 
 #: Planes (n, c) per parallel task.
 PLANES_PER_TASK = 16
@@ -96,10 +97,7 @@ def forward(x, axes, is_max, out):
     P = x.shape[0] * x.shape[1]
     H, W = (1,) + x.shape[2:] if x.ndim == 3 else x.shape[2:]
     OH, OW = (1,) + out.shape[2:] if out.ndim == 3 else out.shape[2:]
-    x3 = x.reshape(P, H, W)
-    if x3.flags.writeable:          # one compiled specialisation: inputs read-only
-        x3 = x3.view()
-        x3.flags.writeable = False
+    x3 = readonly(x.reshape(P, H, W))   # one compiled specialisation: inputs read-only
     return int(pool2d_regular.sized(x.size)(x3, kh, kw, sh, sw, bool(is_max), kh * kw,
                                             out.reshape(P, OH, OW)))
 

@@ -19,6 +19,7 @@ count (no numpy reduction: numpy's pairwise/SIMD summation order depends on its 
 import numpy as np
 
 from ._jit import helper, span_kernel
+from .views import readonly
 
 
 @helper
@@ -109,8 +110,5 @@ def sum_to(x, keep):
     else:
         moved = np.moveaxis(x, idx, list(range(len(idx))))
         x3 = np.ascontiguousarray(moved).reshape(1, kk, -1)
-    if x3.flags.writeable:
-        x3 = x3.view()
-        x3.flags.writeable = False
-    _sum3(x3, out.reshape(-1))
+    _sum3(readonly(x3), out.reshape(-1))
     return out
