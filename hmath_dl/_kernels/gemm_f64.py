@@ -82,37 +82,25 @@ def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
                 ab = (blk * K + k0) * _CB
                 if tile == cedge or blk == redge:
                     # an edge tile: its chains live in scr (rows of T)
-                    if tile == cedge:
-                        sb = ce0 + (blk - b0) * _CB * T
-                    else:
-                        sb = (tile - t0) * _CB * T
-                    _micro(bpk, bbase, T, apk, ab, nk, scr, sb, T, first, sb)
-                    continue
-                cb = cc + blk * _CB * ldc + tile * T
-                pf = (cb + _CB * ldc if blk + 1 < b1
-                      else cc + b0 * _CB * ldc + (tile + 1) * T)
-                if V == 4:
-                    _mv4(bpk, bbase, T, apk, ab, nk, c, cb, ldc, first, pf)
-                elif V == 3:
-                    _mv3(bpk, bbase, T, apk, ab, nk, c, cb, ldc, first, pf)
-                elif V == 2:
-                    _mv2(bpk, bbase, T, apk, ab, nk, c, cb, ldc, first, pf)
+                    dst = scr
+                    cb = (ce0 + (blk - b0) * _CB * T if tile == cedge
+                          else (tile - t0) * _CB * T)
+                    cs = T
+                    pf = cb
                 else:
-                    _mv1(bpk, bbase, T, apk, ab, nk, c, cb, ldc, first, pf)
-
-
-@helper
-def _micro(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf):
-    """One micro-kernel call of tile width ``T`` (the edge tiles of :func:`_panel`)."""
-    V = T // _VW
-    if V == 4:
-        _mv4(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf)
-    elif V == 3:
-        _mv3(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf)
-    elif V == 2:
-        _mv2(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf)
-    else:
-        _mv1(bpk, bbase, T, apk, ab, nk, c, cb, cs, first, pf)
+                    dst = c
+                    cb = cc + blk * _CB * ldc + tile * T
+                    cs = ldc
+                    pf = (cb + _CB * ldc if blk + 1 < b1
+                          else cc + b0 * _CB * ldc + (tile + 1) * T)
+                if V == 4:
+                    _mv4(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                elif V == 3:
+                    _mv3(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                elif V == 2:
+                    _mv2(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                else:
+                    _mv1(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
 
 
 @helper
