@@ -25,7 +25,7 @@ import numpy as np
 
 from . import gemm_f64 as G
 from ._jit import helper, span_kernel
-from .gemm_f64 import _finish, _panel
+from .gemm_f64 import _CB, _MC, _finish, _panel
 
 _EXP = np.uint64(0x7FF0000000000000)     # exponent field: all ones only for NaN/inf
 _PANEL = 256                               # output positions per task (at most)
@@ -141,16 +141,16 @@ def conv_gemm_tasks(x5, c0, Cg, geo, apk, M, T, tpp, c, cstep, bias, mode, bad, 
     K = Cg * geo[9] * geo[10] * geo[11]
     ntile = (P + T - 1) // T
     pn = (ntile + tpp - 1) // tpp
-    nmb = (M + 5) // 6
-    bpp = 16
-    edges = M % 6 != 0 or P % T != 0
+    nmb = (M + _CB - 1) // _CB
+    bpp = _MC // _CB                     # row blocks per panel, as in gemm_tiled
+    edges = M % _CB != 0 or P % T != 0
     for t in range(t0, t1):
         i = t // pn
         tb0 = (t - i * pn) * tpp
         tb1 = min(ntile, tb0 + tpp)
         bl = np.empty((tb1 - tb0) * K * T)
         xbad[t] = _pack_panel(x5, i, c0, Cg, geo, tb0 * T, min(P, tb1 * T), T, bl)
-        scr = np.empty(((tb1 - tb0) + bpp) * 6 * T if edges else 0)
+        scr = np.empty(((tb1 - tb0) + bpp) * _CB * T if edges else 0)
         nbad = 0
         for b0 in range(0, nmb, bpp):
             b1 = min(nmb, b0 + bpp)
@@ -161,9 +161,9 @@ def conv_gemm_tasks(x5, c0, Cg, geo, apk, M, T, tpp, c, cstep, bias, mode, bad, 
 
 
 def applies(Cog, tiled):
-    """Whether this path can compute a convolution: at least 6 output channels per group
-    (a whole row block of the GEMM) and the register-tiled GEMM on this machine."""
-    return bool(tiled) and Cog >= 6
+    """Whether this path can compute a convolution: at least one whole row block of the
+    GEMM (6 output channels) per group and the register-tiled GEMM on this machine."""
+    return bool(tiled) and Cog >= _CB
 
 
 #: Output planes of at most this many positions run here when each output has at least
