@@ -412,6 +412,25 @@ def _excinfo_ptr_t():
     return ptr
 
 
+def _unowned(context, builder, ty, val):
+    """``val`` (of Numba type ``ty``) with the memory-manager pointer of every array in it
+    (through nested tuples) set to null: views that own no reference.  Each ``prange``
+    worker would otherwise increment and decrement the reference count of the same
+    array's memory info on every view it takes (a slice, a row): atomic operations on one
+    cache line shared by all threads, which ran a span of small tiles at half speed on two
+    threads.  Numba's own ``prange`` bodies get their arrays the same way (no owner)."""
+    from numba.core import cgutils
+    if isinstance(ty, nbtypes.Array):
+        ary = context.make_array(ty)(context, builder, value=val)
+        ary.meminfo = cgutils.get_null_value(ary.meminfo.type)
+        return ary._getvalue()
+    if isinstance(ty, nbtypes.BaseTuple):
+        for k, sub in enumerate(ty.types):
+            item = builder.extract_value(val, k)
+            val = builder.insert_value(val, _unowned(context, builder, sub, item), k)
+    return val
+
+
 @intrinsic
 def _stash(typingctx, args):
     """``(address of a copy of the tuple args in this frame, TypeRef(args))``: what a
@@ -424,6 +443,7 @@ def _stash(typingctx, args):
     def codegen(context, builder, signature, llargs):
         from numba.core import cgutils
         (tup,) = llargs
+        tup = _unowned(context, builder, args, tup)
         slot = cgutils.alloca_once(builder, tup.type)
         builder.store(tup, slot)
         p = builder.ptrtoint(slot, context.get_value_type(nbtypes.intp))

@@ -61,7 +61,7 @@ import numba
 from numba import prange
 
 from . import _cpu, conv_gemm, views
-from ._jit import helper, kernel, runs_serial, span_kernel
+from ._jit import helper, kernel, span_kernel
 from ._plan import forcing
 
 #: A convolution's work is its multiply-add count, about 16 of them per element of a
@@ -675,36 +675,14 @@ def conv_forward_tiled(fmas, xf, xstride, wpk, offs, maxoff, CB, bias, has_bias,
     output cache line while it is hot.  A tile whose vector loads would run past the end
     of ``xf`` is computed by the equivalent scalar chain.  Plain Python around the span
     helper :func:`_tiled_span`; ``fmas`` (the multiply-add count) chooses the serial
-    path (the helper over every iteration) or the parallel one (:func:`_tiled_parallel`),
-    with :meth:`~._jit.SpanKernel.run`'s threshold."""
+    path or the parallel one (:meth:`~._jit.SpanKernel.run`)."""
     VL = _WIDE_VL8 if CB == 8 else _WIDE_VL4
     nit = ((dst.shape[1] + VL - 1) // VL + _TILES_PER_ITER - 1) // _TILES_PER_ITER
     bad = np.zeros(out.shape[0] * nit, dtype=np.int64)
     n = bad.shape[0]
-    if runs_serial(fmas < _tiled_span.limit) or n == 1:
-        _tiled_span.span(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst,
-                         out, bad, 0, n)
-    else:
-        _tiled_parallel(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst,
-                        out, bad)
+    _tiled_span.run(n, fmas, xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan,
+                    dst, out, bad)
     return int(bad.sum())
-
-
-_tiled_span_helper = _tiled_span.span
-
-
-@kernel
-def _tiled_parallel(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst, out,
-                    bad):
-    """The parallel path of :func:`conv_forward_tiled`: ``prange`` over the iterations of
-    :func:`_tiled_span`, each a direct (linked) call of the span helper.  Through the
-    generic span driver (:func:`._jit._drive`, a call by address) the same helper ran at
-    half this speed (3x3 groups 32, 128->128 @28, batch 8, 2 threads: 6.3-7.2 ms vs
-    3.4-3.7 ms; bisected to the commit that made it a span kernel; the cause inside the
-    address call was not found), so this one kernel keeps its own parallel compilation."""
-    for t in prange(bad.shape[0]):
-        _tiled_span_helper(xf, xstride, wpk, offs, maxoff, CB, bias, has_bias, Cog, ochan, dst,
-                           out, bad, t, t + 1)
 
 
 @helper
