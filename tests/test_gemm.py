@@ -53,6 +53,29 @@ def test_tiled_parallel_serial_and_rows_agree(M, K, N):
     assert np.allclose(tiled, a @ b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("M,K,N", [(32, 70, 144), (13, 40, 33), (7, 9, 100), (150, 20, 10),
+                                   (6, 5, 32)])
+def test_small_products_cut_into_more_tasks_keep_their_bits(M, K, N, threads):
+    """A parallel product too small for one task per thread is cut into smaller panels
+    (``_tasks``): every output still written once, by its one chain, whatever the cut."""
+    import numba
+    a, b = _rnd((M, K), 3), _rnd((K, N), 4)
+    want = ref.matmul_2d(a, b).tobytes()
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        bpp, tpp, tasks = G._tasks(M, N, G.tile_width(N), 1, threads)
+        assert bpp >= 1 and tpp >= 1
+        assert tasks >= min(G._TASKS_PER_THREAD * threads if threads > 1 else 1,
+                            -(-M // G._CB) * -(-N // G.tile_width(N)))
+        with forced_schedule("parallel"):
+            out = np.full((M, N), np.nan)
+            assert G.matmul(a, b, out=out, tiled=True).tobytes() == want
+    finally:
+        numba.set_num_threads(old)
+
+
 def test_forced_schedule_overrides_the_work_size_choice():
     """The one package-level serial/parallel switch: forced_schedule decides for every
     launch (Kernel.sized, launchers with their own threshold) and restores the policy."""

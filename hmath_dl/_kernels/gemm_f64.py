@@ -24,10 +24,11 @@ build.
 
 import threading
 
+import numba
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel, span_kernel
+from ._jit import helper, kernel, runs_serial, span_kernel
 from ._simd import _ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block
 
 _CB = 6                     # rows of a per register block
@@ -43,15 +44,27 @@ _mv3 = _make_micro_acc(_CB, 3) if _ROW_MAXV >= 3 else _mv2
 _mv4 = _make_micro_acc(_CB, 4) if _ROW_MAXV >= 4 else _mv3
 
 
-def _tasks(M, N, T, nb=1):
-    """``(pm, pn, tasks)``: row panels, column panels and parallel tasks of a product of
-    ``M`` rows and ``N`` columns (tiles ``T`` wide) for ``nb`` batches."""
+_TASKS_PER_THREAD = 4        # a parallel product is cut into at least this many tasks per thread
+
+
+def _tasks(M, N, T, nb=1, threads=1):
+    """``(bpp, tpp, tasks)``: the 6-row blocks and the tiles (``T`` columns) per task,
+    and the number of tasks, of ``nb`` products of ``M`` rows and ``N`` columns.  Panels
+    of ``_MC`` rows and ``_NC`` columns, cut smaller (the larger side halved first) until
+    there are ``_TASKS_PER_THREAD`` tasks per thread or a task is one register tile: a
+    small product on several threads otherwise ran as one or two tasks.  The panels only
+    decide which task computes an output, never its chain: the same bits for any cut."""
     nmb = -(-M // _CB)
     ntile = -(-N // T)
-    tpp = max(1, _NC // T)
-    pm = -(-nmb // (_MC // _CB))
-    pn = -(-ntile // tpp)
-    return pm, pn, nb * pm * pn
+    bpp = min(nmb, _MC // _CB)
+    tpp = min(ntile, max(1, _NC // T))
+    want = _TASKS_PER_THREAD * threads if threads > 1 else 1
+    while nb * -(-nmb // bpp) * -(-ntile // tpp) < want and (bpp > 1 or tpp > 1):
+        if bpp >= tpp:
+            bpp = -(-bpp // 2)
+        else:
+            tpp = -(-tpp // 2)
+    return bpp, tpp, nb * -(-nmb // bpp) * -(-ntile // tpp)
 
 
 @helper
@@ -151,7 +164,7 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
 
 
 @span_kernel()
-def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bias, mode, bad, t0, t1):
+def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bpp, tpp, bias, mode, bad, t0, t1):
     """For every batch ``i``: ``c_i [M, N] = a @ b_i`` by the specification above, then
     ``+ bias`` (``mode`` 0: none, 1: ``bias[m]`` per row, 2: ``bias[n]`` per column, 3:
     none and no count), into
@@ -161,12 +174,11 @@ def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bias, mode, bad, t0, 
     ``apk`` is ``a [M, K]`` packed as ``[ceil(M/6), K, 6]`` (zero rows past ``M``),
     ``bpk`` holds each ``b_i [K, N]`` at ``i*bstep``, packed as ``[ceil(N/T), K, T]`` (T
     the tile width, zero columns past ``N``), so both operands stream contiguously.  A
-    span kernel over the tasks (batch, row panel, column panel) of :func:`_tasks`; each
-    output's chain runs in one task, chunk after chunk in k order."""
+    span kernel over the tasks (batch, row panel of ``bpp`` 6-row blocks, column panel
+    of ``tpp`` tiles: :func:`_tasks`); each output's chain runs in one task, chunk after
+    chunk in k order."""
     nmb = (M + _CB - 1) // _CB
     ntile = (N + T - 1) // T
-    bpp = _MC // _CB
-    tpp = max(1, _NC // T)
     pm = (nmb + bpp - 1) // bpp
     pn = (ntile + tpp - 1) // tpp
     redge = nmb - 1 if M % _CB else -1
@@ -352,11 +364,11 @@ def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_
     per column).  Returns the number of non-finite outputs (0 without ``count`` and
     ``bias``: not counted).  K > 0."""
     mode = (0 if count else 3) if bias is None else 1 + int(bias_axis)
-    tasks = _tasks(M, N, T, nb)[2]
+    small = runs_serial(nb * M * N * K < _SERIAL_FMAS)
+    bpp, tpp, tasks = _tasks(M, N, T, nb, 1 if small else numba.get_num_threads())
     bad = np.zeros(tasks, dtype=np.int64)
-    small = nb * M * N * K < _SERIAL_FMAS
     gemm_tiled.run(tasks, 0 if small else gemm_tiled.limit, apk, bpk, bstep, c, cstep, ldc,
-                   M, N, K, T, _NO_BIAS if bias is None else bias, mode, bad)
+                   M, N, K, T, bpp, tpp, _NO_BIAS if bias is None else bias, mode, bad)
     return int(bad.sum())
 
 
