@@ -209,7 +209,7 @@ def test_autodiff_kinks_and_recomputed_derivative():
     from hmath_dl.autodiff.core import make_node
     from hmath_dl.autodiff.ops import _vjp_activate
     x = np.array([-2.0, 0.5, 3.0])
-    node = make_node("activate", activate(A.SOFTPLUS, x, beta=3.0), (ad.variable(x),),
+    node = make_node(ad.activate, activate(A.SOFTPLUS, x, beta=3.0), (ad.variable(x),),
                      (A.SOFTPLUS.value, None, 3.0))
     (gd,) = _vjp_activate(np.ones(3), node, (True,))
     close(gd, ref_derivative(A.SOFTPLUS, 3.0, x))

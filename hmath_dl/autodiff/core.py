@@ -4,23 +4,29 @@
 Design (after HIPS/autograd ``core.py`` and micrograd ``engine.py``)
 --------------------------------------------------------------------
 * Every :class:`ADTensor` holds its ``value`` (a read-only float64 array) and, if some
-  variable reaches it, its ``parents`` and a record ``(op, ctx)``.  ``op`` names a rule
-  in :data:`VJP_RULES`, the single table ``op name -> vjp``; ``ctx`` is whatever the rule
-  needs from the forward pass.  Nodes that no variable reaches keep no parents: they are
-  constants and cost nothing in the backward pass.
+  variable reaches it, its ``parents`` and a record ``(op, ctx)``.  ``op`` is the
+  primitive that made the node (the public function, or the private forward it stands
+  for); its rule is declared once, directly after the primitive, with
+  ``@vjp_of(primitive)``, and the backward pass looks it up by that object.  ``ctx`` is
+  whatever the rule needs from the forward pass.  Nodes that no variable reaches keep no
+  parents: they are constants and cost nothing in the backward pass.
 * :func:`gradients` sorts the graph topologically with an explicit stack (no recursion,
   so a 10,000-op chain is fine), walks it from the output back to the leaves, keeps the
   pending cotangent of every node in a dict and pops it once the node is processed.
   Cotangents arriving over several paths are added (never in place).
 * A rule ``vjp(g, node, needs)`` receives the cotangent ``g`` of ``node`` (an array of
   ``node.shape``), the node, and ``needs``, a tuple of bools telling which parents want a
-  gradient; it returns one entry per parent: an array of the parent's shape, or None.
+  gradient; it returns exactly one entry per parent, always: an array of the parent's
+  shape, or None.  An optional input that was not given (a bias of None) is a parent
+  ``None``: it never needs a gradient and its entry is None, so a primitive's rule
+  always returns the same number of entries.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Callable, Dict, List
+from types import MappingProxyType
+from typing import Callable, Dict, List, Mapping, Tuple
 
 import numpy as np
 
@@ -28,18 +34,52 @@ from .. import _checks
 from ..errors import DomainError, ShapeError
 
 __all__ = ["ADTensor", "variable", "constant", "gradients", "unbroadcast", "VJP_RULES",
-           "register_vjp", "as_adtensor", "make_node"]
+           "vjp_of", "register_vjp", "as_adtensor", "make_node"]
 
-#: The one table of vector-Jacobian rules: op name -> ``vjp(g, node, needs)``.
-VJP_RULES: Dict[str, Callable] = {}
+#: The one table of vector-Jacobian rules: primitive -> ``(op name, vjp(g, node, needs))``.
+_RULES: Dict[object, Tuple[str, Callable]] = {}
+_BY_NAME: Dict[str, Callable] = {}
+#: The same rules by op name (a read-only view; declare rules with :func:`vjp_of`).
+VJP_RULES: Mapping[str, Callable] = MappingProxyType(_BY_NAME)
 
 
-def register_vjp(rules: Dict[str, Callable]) -> None:
-    """Add the rules of one module (a dict ``op name -> vjp``) to :data:`VJP_RULES`."""
-    for name, fn in rules.items():
-        if name in VJP_RULES and VJP_RULES[name] is not fn:
-            raise RuntimeError(f"register_vjp: rule {name!r} defined twice")
-        VJP_RULES[name] = fn
+def _register(fname: str, primitive, name: str, rule: Callable) -> Callable:
+    known = _RULES.get(primitive)
+    if (known is not None and known[1] is not rule) or _BY_NAME.get(name, rule) is not rule:
+        raise RuntimeError(f"{fname}: rule {name!r} defined twice")
+    _RULES[primitive] = (name, rule)
+    _BY_NAME[name] = rule
+    return rule
+
+
+def vjp_of(primitive, name=None):
+    """Decorator declaring ``rule`` (the function below it) the vjp of ``primitive``.
+
+    ``primitive`` is what the forward passes to :func:`make_node` as its op: the public
+    function, or the private forward it stands for.  ``name`` is the op's readable name
+    in messages and reprs, by default ``primitive.__name__`` without a leading ``_`` and a
+    trailing ``_ad``.  Stack the decorator to give one rule to several primitives.
+    """
+    name = _default_name(primitive) if name is None else name
+    return lambda rule: _register("vjp_of", primitive, name, rule)
+
+
+def _default_name(primitive) -> str:
+    if isinstance(primitive, str):
+        return primitive
+    name = primitive.__name__.lstrip("_")
+    return name[:-3] if name.endswith("_ad") else name
+
+
+def register_vjp(rules: Dict[object, Callable]) -> None:
+    """:func:`vjp_of` for a dict ``primitive -> vjp`` (kept for callers of the old table)."""
+    for primitive, fn in rules.items():
+        _register("register_vjp", primitive, _default_name(primitive), fn)
+
+
+def _op_name(node) -> str:
+    """The readable name of the primitive that made ``node`` (None for a leaf)."""
+    return None if node.op is None else _RULES[node.op][0]
 
 
 class ADTensor:
@@ -94,7 +134,7 @@ class ADTensor:
         return self.value.size
 
     def __repr__(self):
-        kind = "variable" if self.is_variable else (self.op or "constant")
+        kind = "variable" if self.is_variable else (_op_name(self) or "constant")
         return f"ADTensor({kind}, shape={self.value.shape})"
 
     def __len__(self):
@@ -126,16 +166,18 @@ def _frozen(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def make_node(op: str, value: np.ndarray, parents, ctx=None) -> ADTensor:
+def make_node(op, value: np.ndarray, parents, ctx=None) -> ADTensor:
     """Record one primitive: ``value`` (fresh, owned) computed from ``parents`` by ``op``.
 
-    Parents that no variable reaches are not kept; if none is left the result is a
-    constant.  ``value`` must already be checked finite by the caller.
+    ``op`` is the primitive whose rule :func:`vjp_of` declared; ``parents`` has one entry
+    per input, None for an optional input not given.  If no variable reaches a parent the
+    result is a constant and keeps none.  ``value`` must already be checked finite by the
+    caller.
     """
     node = ADTensor.__new__(ADTensor)
-    needs = any(p.needs_grad for p in parents)
+    needs = any(p is not None and p.needs_grad for p in parents)
     if needs:
-        if op not in VJP_RULES:
+        if op not in _RULES:
             raise RuntimeError(f"make_node: no vjp rule for {op!r}")
         node._setup(_frozen(value), tuple(parents), op, ctx, False, True)
     else:
@@ -249,7 +291,7 @@ def _topological_order(output: ADTensor) -> List[ADTensor]:
         visited.add(id(node))
         stack.append((node, True))
         for p in node.parents:
-            if p.needs_grad and id(p) not in visited:
+            if p is not None and p.needs_grad and id(p) not in visited:
                 stack.append((p, False))
     return order
 
@@ -264,8 +306,12 @@ def _backward(order, pending, results):
             results[id(node)] = g
             continue
         parents = node.parents
-        needs = tuple(p.needs_grad for p in parents)
-        pgs = VJP_RULES[node.op](g, node, needs)
+        needs = tuple(p is not None and p.needs_grad for p in parents)
+        name, rule = _RULES[node.op]
+        pgs = rule(g, node, needs)
+        if len(pgs) != len(parents):
+            raise RuntimeError(f"gradients: the vjp rule of {name!r} returned {len(pgs)} "
+                               f"gradients for {len(parents)} parents")
         for p, need, pg in zip(parents, needs, pgs):
             if not need or pg is None:
                 continue
@@ -328,7 +374,7 @@ def gradients(output, wrt, cotangent=None) -> List[np.ndarray]:
         if not isinstance(w, ADTensor):
             raise TypeError(f"{fname}: wrt[{i}] must be an ADTensor (got {type(w).__name__})")
         if not w.is_variable:
-            what = "a constant" if w.op is None else f"an intermediate result ({w.op})"
+            what = "a constant" if w.op is None else f"an intermediate result ({_op_name(w)})"
             raise DomainError(f"{fname}: wrt[{i}] is {what}, not a variable "
                               f"(create it with autodiff.variable)")
     if cotangent is None:

@@ -2,11 +2,12 @@
 
 Every primitive does three things: validate (errors name the public function), compute
 the forward value (checked: a non-finite result raises NumericOverflow) and record a node
-with :func:`~hmath_dl.autodiff.core.make_node`.  The derivative rules are NOT in the
-primitives: they are the functions ``_vjp_*`` collected in the one table :data:`RULES`
-(registered into :data:`hmath_dl.autodiff.core.VJP_RULES`).  A rule has the signature
-``vjp(g, node, needs) -> tuple`` (one gradient or None per parent); ``node.value`` is the
-forward output, ``node.parents`` the inputs, ``node.ctx`` what the forward pass saved.
+with :func:`~hmath_dl.autodiff.core.make_node`, the primitive itself as the op.  Its
+derivative rule ``_vjp_*`` follows it directly, declared with
+``@vjp_of(primitive)`` (:func:`hmath_dl.autodiff.core.vjp_of`).  A rule has the
+signature ``vjp(g, node, needs) -> tuple`` (exactly one gradient or None per parent);
+``node.value`` is the forward output, ``node.parents`` the inputs, ``node.ctx`` what the
+forward pass saved.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
 from .._kernels.status import OK
 from ..errors import DomainError, IndexOutOfRange, NumericOverflow, ShapeError
-from .core import ADTensor, as_adtensor, make_node, register_vjp, unbroadcast
+from .core import ADTensor, as_adtensor, make_node, unbroadcast, vjp_of
 
 __all__ = ["exp", "log", "sqrt", "tanh", "activate", "sum", "mean", "reshape", "transpose",
            "softmax", "log_softmax", "cross_entropy", "mse"]
@@ -59,24 +60,58 @@ def _binary(op, fname, a, b, fn, what):
 
 
 def _add(a, b):
-    return _binary("add", "ADTensor.__add__", a, b, np.add, "a sum overflowed")
+    return _binary(_add, "ADTensor.__add__", a, b, np.add, "a sum overflowed")
+
+
+@vjp_of(_add)
+def _vjp_add(g, node, needs):
+    a, b = node.parents
+    return (unbroadcast(g, a.shape) if needs[0] else None,
+            unbroadcast(g, b.shape) if needs[1] else None)
 
 
 def _sub(a, b):
-    return _binary("subtract", "ADTensor.__sub__", a, b, np.subtract, "a difference overflowed")
+    return _binary(_sub, "ADTensor.__sub__", a, b, np.subtract, "a difference overflowed")
+
+
+@vjp_of(_sub, "subtract")
+def _vjp_subtract(g, node, needs):
+    a, b = node.parents
+    return (unbroadcast(g, a.shape) if needs[0] else None,
+            unbroadcast(-g, b.shape) if needs[1] else None)
 
 
 def _mul(a, b):
-    return _binary("multiply", "ADTensor.__mul__", a, b, np.multiply, "a product overflowed")
+    return _binary(_mul, "ADTensor.__mul__", a, b, np.multiply, "a product overflowed")
+
+
+@vjp_of(_mul, "multiply")
+def _vjp_multiply(g, node, needs):
+    a, b = node.parents
+    return (unbroadcast(g * b.value, a.shape) if needs[0] else None,
+            unbroadcast(g * a.value, b.shape) if needs[1] else None)
 
 
 def _div(a, b):
-    return _binary("divide", "ADTensor.__truediv__", a, b, np.divide,
+    return _binary(_div, "ADTensor.__truediv__", a, b, np.divide,
                    "division by zero or overflow")
 
 
+@vjp_of(_div, "divide")
+def _vjp_divide(g, node, needs):
+    a, b = node.parents
+    ga = g / b.value
+    return (unbroadcast(ga, a.shape) if needs[0] else None,
+            unbroadcast(-ga * node.value, b.shape) if needs[1] else None)
+
+
 def _neg(a):
-    return make_node("negative", -a.value, (a,))
+    return make_node(_neg, -a.value, (a,))
+
+
+@vjp_of(_neg, "negative")
+def _vjp_negative(g, node, needs):
+    return (-g,)
 
 
 _INT_POWER_LIMIT = 2.0 ** 31
@@ -121,9 +156,22 @@ def _pow(a, p):
         raise TypeError(f"{fname}: the exponent must be a real scalar (got {type(p).__name__})")
     p = _checks.real(fname, "exponent", p)
     value = _power(a.value, p)
-    return make_node("power", _checked(fname, np.asarray(value, dtype=np.float64),
+    return make_node(_pow, _checked(fname, np.asarray(value, dtype=np.float64),
                                        "x ** p overflowed or is undefined (0 ** negative, "
                                        "negative ** fraction)"), (a,), p)
+
+
+@vjp_of(_pow, "power")
+def _vjp_power(g, node, needs):
+    (a,), p = node.parents, node.ctx
+    if p == 0.0:
+        return (np.zeros(a.shape),)
+    with np.errstate(all="ignore"):
+        return (g * p * _power(a.value, p - 1.0),)
+
+
+def _swap(m):
+    return np.swapaxes(m, -1, -2)
 
 
 def _matmul(a, b):
@@ -144,50 +192,10 @@ def _matmul(a, b):
                          f"(got {_shape(a.shape)} @ {_shape(b.shape)})") from None
     with np.errstate(all="ignore"):
         value = matmul_nd(a.value, b.value)
-    return make_node("matmul", _checked(fname, value, "a dot product overflowed"), (a, b))
+    return make_node(_matmul, _checked(fname, value, "a dot product overflowed"), (a, b))
 
 
-def _swap(m):
-    return np.swapaxes(m, -1, -2)
-
-
-def _vjp_add(g, node, needs):
-    a, b = node.parents
-    return (unbroadcast(g, a.shape) if needs[0] else None,
-            unbroadcast(g, b.shape) if needs[1] else None)
-
-
-def _vjp_subtract(g, node, needs):
-    a, b = node.parents
-    return (unbroadcast(g, a.shape) if needs[0] else None,
-            unbroadcast(-g, b.shape) if needs[1] else None)
-
-
-def _vjp_multiply(g, node, needs):
-    a, b = node.parents
-    return (unbroadcast(g * b.value, a.shape) if needs[0] else None,
-            unbroadcast(g * a.value, b.shape) if needs[1] else None)
-
-
-def _vjp_divide(g, node, needs):
-    a, b = node.parents
-    ga = g / b.value
-    return (unbroadcast(ga, a.shape) if needs[0] else None,
-            unbroadcast(-ga * node.value, b.shape) if needs[1] else None)
-
-
-def _vjp_negative(g, node, needs):
-    return (-g,)
-
-
-def _vjp_power(g, node, needs):
-    (a,), p = node.parents, node.ctx
-    if p == 0.0:
-        return (np.zeros(a.shape),)
-    with np.errstate(all="ignore"):
-        return (g * p * _power(a.value, p - 1.0),)
-
-
+@vjp_of(_matmul)
 def _vjp_matmul(g, node, needs):
     a, b = node.parents
     av = a.value if a.ndim >= 2 else a.value[None, :]
@@ -252,7 +260,12 @@ def exp(x):
     TypeError
         ``x`` is None, a string or not numeric.
     """
-    return _unary("exp", "exp", x, _own(libm.exp_array), "exp overflowed")
+    return _unary(exp, "exp", x, _own(libm.exp_array), "exp overflowed")
+
+
+@vjp_of(exp)
+def _vjp_exp(g, node, needs):
+    return (g * node.value,)
 
 
 def log(x):
@@ -278,7 +291,12 @@ def log(x):
     TypeError
         ``x`` is None, a string or not numeric.
     """
-    return _unary("log", "log", x, _own(libm.log_array), "log of a value <= 0")
+    return _unary(log, "log", x, _own(libm.log_array), "log of a value <= 0")
+
+
+@vjp_of(log)
+def _vjp_log(g, node, needs):
+    return (g / node.parents[0].value,)
 
 
 def sqrt(x):
@@ -307,7 +325,13 @@ def sqrt(x):
     TypeError
         ``x`` is None, a string or not numeric.
     """
-    return _unary("sqrt", "sqrt", x, np.sqrt, "sqrt of a negative value")
+    return _unary(sqrt, "sqrt", x, np.sqrt, "sqrt of a negative value")
+
+
+@vjp_of(sqrt)
+def _vjp_sqrt(g, node, needs):
+    with np.errstate(all="ignore"):
+        return (g / (2.0 * node.value),)
 
 
 def tanh(x):
@@ -330,22 +354,10 @@ def tanh(x):
     TypeError
         ``x`` is None, a string or not numeric.
     """
-    return _unary("tanh", "tanh", x, _own(libm.tanh_array), "tanh")
+    return _unary(tanh, "tanh", x, _own(libm.tanh_array), "tanh")
 
 
-def _vjp_exp(g, node, needs):
-    return (g * node.value,)
-
-
-def _vjp_log(g, node, needs):
-    return (g / node.parents[0].value,)
-
-
-def _vjp_sqrt(g, node, needs):
-    with np.errstate(all="ignore"):
-        return (g / (2.0 * node.value),)
-
-
+@vjp_of(tanh)
 def _vjp_tanh(g, node, needs):
     y = node.value
     return (g * (1.0 - y * y),)
@@ -398,7 +410,7 @@ def activate(activation, x, *, negative_slope=None, alpha=None, beta=None):
         {"LEAKY_RELU": "negative_slope", "ELU": "alpha", "SOFTPLUS": "beta"}[act.name]: p}
     x = _ad(fname, "x", x)
     if not x.needs_grad or x.size == 0:
-        return make_node("activate", plain_activate(act, x.value, **opts), (x,),
+        return make_node(activate, plain_activate(act, x.value, **opts), (x,),
                          (act.value, None, p))
     # x.value is a finite float64 C-contiguous tape value: one fused pass computes f and
     # f' (the bits of plain_activate and of activation_derivative); f' is kept for the vjp
@@ -413,11 +425,12 @@ def activate(activation, x, *, negative_slope=None, alpha=None, beta=None):
         ok = sized_forward_derivative_param(x.size)(act.value, p, x.value.reshape(-1),
                                                     value.reshape(-1), d.reshape(-1)) == OK
     if not ok:  # let the plain layer raise its error
-        return make_node("activate", plain_activate(act, x.value, **opts), (x,),
+        return make_node(activate, plain_activate(act, x.value, **opts), (x,),
                          (act.value, None, p))
-    return make_node("activate", value, (x,), (act.value, d, p))
+    return make_node(activate, value, (x,), (act.value, d, p))
 
 
+@vjp_of(activate)
 def _vjp_activate(g, node, needs):
     code, d = node.ctx[0], node.ctx[1]
     p = node.ctx[2] if len(node.ctx) > 2 else None
@@ -498,7 +511,14 @@ def sum(x, axis=None, keepdims=False):
     keepdims = _checks.boolean(fname, "keepdims", keepdims)
     value = _fixed_sum(x.value, axes, keepdims)
     value = _checked(fname, value, "the sum overflowed")
-    return make_node("sum", value, (x,), axes)
+    return make_node(sum, value, (x,), axes)
+
+
+@vjp_of(sum)
+def _vjp_sum(g, node, needs):
+    x = node.parents[0]
+    axes = node.ctx
+    return (np.broadcast_to(g.reshape(_keep_shape(x.shape, axes)), x.shape),)
 
 
 def mean(x, axis=None, keepdims=False):
@@ -545,15 +565,10 @@ def mean(x, axis=None, keepdims=False):
     with np.errstate(all="ignore"):
         value = _fixed_sum(x.value, axes, keepdims) / count
     value = _checked(fname, np.asarray(value, dtype=np.float64), "the sum overflowed")
-    return make_node("mean", value, (x,), (axes, count))
+    return make_node(mean, value, (x,), (axes, count))
 
 
-def _vjp_sum(g, node, needs):
-    x = node.parents[0]
-    axes = node.ctx
-    return (np.broadcast_to(g.reshape(_keep_shape(x.shape, axes)), x.shape),)
-
-
+@vjp_of(mean)
 def _vjp_mean(g, node, needs):
     x = node.parents[0]
     axes, count = node.ctx
@@ -596,7 +611,12 @@ def reshape(x, shape):
         value = x.value.reshape(shape)
     except ValueError:
         raise ShapeError(f"{fname}: cannot reshape {_shape(x.shape)} into {shape!r}") from None
-    return make_node("reshape", value, (x,))
+    return make_node(reshape, value, (x,))
+
+
+@vjp_of(reshape)
+def _vjp_reshape(g, node, needs):
+    return (np.reshape(g, node.parents[0].shape),)
 
 
 def transpose(x, axes=None):
@@ -636,13 +656,10 @@ def transpose(x, axes=None):
         if sorted(perm) != list(range(x.ndim)):
             raise DomainError(f"{fname}: axes must be a permutation of 0..{x.ndim - 1} (got {raw!r})")
     value = np.asarray(np.transpose(x.value, perm), order="C")
-    return make_node("transpose", value, (x,), perm)
+    return make_node(transpose, value, (x,), perm)
 
 
-def _vjp_reshape(g, node, needs):
-    return (np.reshape(g, node.parents[0].shape),)
-
-
+@vjp_of(transpose)
 def _vjp_transpose(g, node, needs):
     return (np.transpose(g, np.argsort(node.ctx)),)
 
@@ -690,9 +707,14 @@ def softmax(x, axis=-1):
         raise ShapeError(f"{fname}: x must have at least 1 axis (got a 0-d tensor)")
     ax = _checks.axis(fname, "axis", axis, x.ndim)
     if x.size == 0:
-        return make_node("softmax", np.zeros(x.shape), (x,), ax)
+        return make_node(softmax, np.zeros(x.shape), (x,), ax)
     value = _sm.softmax(x.value, ax, False)
-    return make_node("softmax", _checked(fname, value, "softmax"), (x,), ax)
+    return make_node(softmax, _checked(fname, value, "softmax"), (x,), ax)
+
+
+@vjp_of(softmax)
+def _vjp_softmax(g, node, needs):
+    return (_sm.softmax_backward(node.value, g, node.ctx, False),)
 
 
 def log_softmax(x, axis=-1):
@@ -732,15 +754,12 @@ def log_softmax(x, axis=-1):
         raise ShapeError(f"{fname}: x must have at least 1 axis (got a 0-d tensor)")
     ax = _checks.axis(fname, "axis", axis, x.ndim)
     if x.size == 0:
-        return make_node("log_softmax", np.zeros(x.shape), (x,), ax)
+        return make_node(log_softmax, np.zeros(x.shape), (x,), ax)
     value = _log_softmax_values(x.value, ax)
-    return make_node("log_softmax", _checked(fname, value, "log_softmax"), (x,), ax)
+    return make_node(log_softmax, _checked(fname, value, "log_softmax"), (x,), ax)
 
 
-def _vjp_softmax(g, node, needs):
-    return (_sm.softmax_backward(node.value, g, node.ctx, False),)
-
-
+@vjp_of(log_softmax)
 def _vjp_log_softmax(g, node, needs):
     return (_sm.softmax_backward(node.value, g, node.ctx, True),)
 
@@ -785,10 +804,11 @@ def cross_entropy(logits, labels):
     lsm = _log_softmax_values(logits.value, 1)
     picked = lsm[np.arange(b), lab]
     value = np.asarray(-sum_to(picked, (False,)) / b, dtype=np.float64)   # b increasing
-    return make_node("cross_entropy", _checked(fname, value, "cross entropy"), (logits,),
+    return make_node(cross_entropy, _checked(fname, value, "cross entropy"), (logits,),
                      (lsm, lab))
 
 
+@vjp_of(cross_entropy)
 def _vjp_cross_entropy(g, node, needs):
     lsm, lab = node.ctx
     b = lsm.shape[0]
@@ -839,36 +859,11 @@ def mse(prediction, target):
         # the eight-partial fixed order of _kernels.reduce over the flattened squares
         value = np.asarray(sum_to((d * d).reshape(1, -1), (True, False))[0] / d.size,
                            dtype=np.float64)
-    return make_node("mse", _checked(fname, value, "the squared error overflowed"), (p, t), d)
+    return make_node(mse, _checked(fname, value, "the squared error overflowed"), (p, t), d)
 
 
+@vjp_of(mse)
 def _vjp_mse(g, node, needs):
     d = node.ctx
     gp = d * (2.0 * g / d.size)
     return (gp if needs[0] else None, -gp if needs[1] else None)
-
-
-# =========================================================================== the table
-RULES = {
-    "add": _vjp_add,
-    "subtract": _vjp_subtract,
-    "multiply": _vjp_multiply,
-    "divide": _vjp_divide,
-    "negative": _vjp_negative,
-    "power": _vjp_power,
-    "matmul": _vjp_matmul,
-    "exp": _vjp_exp,
-    "log": _vjp_log,
-    "sqrt": _vjp_sqrt,
-    "tanh": _vjp_tanh,
-    "activate": _vjp_activate,
-    "sum": _vjp_sum,
-    "mean": _vjp_mean,
-    "reshape": _vjp_reshape,
-    "transpose": _vjp_transpose,
-    "softmax": _vjp_softmax,
-    "log_softmax": _vjp_log_softmax,
-    "cross_entropy": _vjp_cross_entropy,
-    "mse": _vjp_mse,
-}
-register_vjp(RULES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autodiff.core import make_node, register_vjp
+from ..autodiff.core import make_node, vjp_of
 from ._ad_common import _ad, _c, _named
 
 
@@ -54,7 +54,7 @@ def scaled_dot_product_attention_ad(q, k, v, mask=None, *, scale=None, is_causal
         out, weights = scaled_dot_product_attention(q.value, k.value, v.value, mask, scale=scale,
                                                     is_causal=is_causal, enable_gqa=enable_gqa)
     groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
-    return make_node("attention", out, (q, k, v),
+    return make_node(scaled_dot_product_attention_ad, out, (q, k, v),
                      (weights, 1, _backward_scale(scale, q.shape[-1]), groups))
 
 
@@ -110,23 +110,12 @@ def multihead_attention_ad(heads, q, k, v, mask=None, *, scale=None, is_causal=F
         out, weights = _multihead("multihead_attention", heads, q.value, k.value, v.value, mask,
                                   scale, is_causal)
     h = int(heads)
-    return make_node("attention", out, (q, k, v),
+    return make_node(multihead_attention_ad, out, (q, k, v),
                      (weights, h, _backward_scale(scale, q.shape[-1] // h), 1))
 
 
-def _split_heads(a, h):
-    """``[..., N, D] -> [B*h, N, D/h]`` (C-contiguous): the plain layer's own helper."""
-    from .attention import _split_heads as split
-    return split(a, h)
-
-
-def _merge_heads(a, h, shape):
-    """Inverse of :func:`_split_heads` to ``shape``."""
-    bh, n, dh = a.shape
-    b = bh // h
-    return np.ascontiguousarray(a.reshape(b, h, n, dh).transpose(0, 2, 1, 3)).reshape(shape)
-
-
+@vjp_of(multihead_attention_ad, "attention")
+@vjp_of(scaled_dot_product_attention_ad, "attention")
 def _vjp_attention(g, node, needs):
     from .._kernels.backward import attention_backward
     q, k, v = node.parents
@@ -158,6 +147,19 @@ def _vjp_attention(g, node, needs):
     return dq, dk, dv
 
 
+def _split_heads(a, h):
+    """``[..., N, D] -> [B*h, N, D/h]`` (C-contiguous): the plain layer's own helper."""
+    from .attention import _split_heads as split
+    return split(a, h)
+
+
+def _merge_heads(a, h, shape):
+    """Inverse of :func:`_split_heads` to ``shape``."""
+    bh, n, dh = a.shape
+    b = bh // h
+    return np.ascontiguousarray(a.reshape(b, h, n, dh).transpose(0, 2, 1, 3)).reshape(shape)
+
+
 def _sum_groups(d, groups, shape):
     """``[..., Hk*groups, M, X] -> [..., Hk, M, X]``: the sum over each key/value head's
     query heads, in increasing order (elementwise adds, a fixed order)."""
@@ -166,9 +168,3 @@ def _sum_groups(d, groups, shape):
     for i in range(1, groups):
         total += parts[..., i, :, :]
     return total
-
-
-RULES = {
-    "attention": _vjp_attention,
-}
-register_vjp(RULES)

@@ -38,7 +38,3 @@ def _tuple(value, r):
         return (int(value),) * r
     t = tuple(int(v) for v in value)
     return t if len(t) == r else (t[0],) * r if len(t) == 1 else t
-
-
-def _parents(*xs):
-    return tuple(x for x in xs if x is not None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autodiff.core import make_node, register_vjp
+from ..autodiff.core import make_node, vjp_of
 from .. import _checks
 from ._ad_common import _ad, _c, _named, _opt_ad
 
@@ -20,34 +20,23 @@ def _affine_node(xh, y, weight, bias, per_elem, layout, bshape):
     else ``layout = (N, C, S)`` (per channel; group / instance norm)."""
     if weight is None and bias is None:
         return xh
-    parents = [xh]
-    if weight is not None:
-        parents.append(weight)
-    if bias is not None:
-        parents.append(bias)
-    ctx = (weight is not None, bias is not None, per_elem, layout, bshape)
-    return make_node("norm_affine", y, tuple(parents), ctx)
+    return make_node(_affine_node, y, (xh, weight, bias), (per_elem, layout, bshape))
 
 
-def _values(*ts):
-    return tuple(None if t is None else t.value for t in ts)
-
-
+@vjp_of(_affine_node, "norm_affine")
 def _vjp_norm_affine(g, node, needs):
     """``dxhat = g * weight``; ``dweight = sum g xhat``, ``dbias = sum g`` over the rows
     (layer / RMS norm) or over ``N`` and the spatial positions (group / instance norm),
     by the fixed-order kernels of :mod:`hmath_dl._kernels.norm_affine`."""
     from .._kernels.norm_affine import affine_grads_channel, affine_grads_elem
-    has_w, has_b, per_elem, layout, bshape = node.ctx
-    xh = node.parents[0]
-    w = node.parents[1] if has_w else None
+    per_elem, layout, bshape = node.ctx
+    xh, w, b = node.parents
     g = _c(g)
     length = layout if per_elem else layout[1]
-    gx = None
+    gx = dw = db = None
     if needs[0]:
         gx = g if w is None else g * w.value.reshape(bshape)
-    out = [gx]
-    if any(needs[1:]):
+    if needs[1] or needs[2]:
         dw = np.zeros(length)
         db = np.zeros(length)
         if g.size:
@@ -59,13 +48,13 @@ def _vjp_norm_affine(g, node, needs):
                 from .._kernels.norm import LANES
                 N, C, S = layout
                 affine_grads_channel.sized(g.size)(gf, xf, N, C, S, LANES, dw, db)
-        if has_w:
-            out.append(dw.reshape(w.shape))
-        if has_b:
-            out.append(db.reshape(node.parents[-1].shape))
-    else:
-        out.extend([None] * (len(node.parents) - 1))
-    return tuple(out)
+        dw = None if w is None else dw.reshape(w.shape)
+        db = None if b is None else db.reshape(b.shape)
+    return gx, dw, db
+
+
+def _values(*ts):
+    return tuple(None if t is None else t.value for t in ts)
 
 
 def _affine_args(fname, weight, bias):
@@ -119,8 +108,9 @@ def layer_norm_ad(axes, epsilon, x, *, weight=None, bias=None):
                                                               weight=wv, bias=bv)
     k = int(axes)
     tail = x.shape[x.ndim - k:]
-    xh = make_node("layer_norm", value, (x,), (k, float(epsilon), True))
-    return _affine_node(xh, y, weight, bias, True, _size(tail), tail)
+    n = _size(tail)
+    xh = make_node(layer_norm_ad, value, (x,), (n, float(epsilon), True))
+    return _affine_node(xh, y, weight, bias, True, n, tail)
 
 
 def rms_norm_ad(axes, epsilon, x, *, weight=None):
@@ -165,8 +155,9 @@ def rms_norm_ad(axes, epsilon, x, *, weight=None):
         y = None if wv is None else rms_norm(axes, epsilon, x.value, weight=wv)
     k = int(axes)
     tail = x.shape[x.ndim - k:]
-    xh = make_node("layer_norm", value, (x,), (k, float(epsilon), False))
-    return _affine_node(xh, y, weight, None, True, _size(tail), tail)
+    n = _size(tail)
+    xh = make_node(rms_norm_ad, value, (x,), (n, float(epsilon), False))
+    return _affine_node(xh, y, weight, None, True, n, tail)
 
 
 def _size(shape):
@@ -220,7 +211,7 @@ def group_norm_ad(groups, epsilon, x, *, weight=None, bias=None):
         y = None if wv is None and bv is None else group_norm(groups, epsilon, x.value,
                                                               weight=wv, bias=bv)
     N, c, S = x.shape[0], x.shape[1], _size(x.shape[2:])
-    xh = make_node("norm_rows", value, (x,), ((c // int(groups)) * S, float(epsilon), True))
+    xh = make_node(group_norm_ad, value, (x,), ((c // int(groups)) * S, float(epsilon), True))
     return _affine_node(xh, y, weight, bias, False, (N, c, S), (c,) + (1,) * (x.ndim - 2))
 
 
@@ -264,12 +255,17 @@ def instance_norm_ad(epsilon, x, *, weight=None, bias=None):
         y = None if wv is None and bv is None else instance_norm(epsilon, x.value, weight=wv,
                                                                  bias=bv)
     N, c, S = x.shape[0], x.shape[1], _size(x.shape[2:])
-    xh = make_node("norm_rows", value, (x,), (S, float(epsilon), True))
+    xh = make_node(instance_norm_ad, value, (x,), (S, float(epsilon), True))
     return _affine_node(xh, y, weight, bias, False, (N, c, S), (c,) + (1,) * (x.ndim - 2))
 
 
+@vjp_of(instance_norm_ad, "norm_rows")
+@vjp_of(group_norm_ad, "norm_rows")
+@vjp_of(rms_norm_ad, "layer_norm")
+@vjp_of(layer_norm_ad)
 def _vjp_norm_rows(g, node, needs):
-    """Rows of length ``n`` (group / instance norm): the layer-norm row backward."""
+    """``dx`` of a normalisation over rows of length ``n`` (the ctx ``(n, epsilon,
+    centered)``): layer norm, RMS norm (not centered), group and instance norm."""
     from .._kernels.backward import norm_rows_backward
     x = node.parents[0]
     n, eps, center = node.ctx
@@ -317,9 +313,10 @@ def weight_norm_ad(axis, magnitudes, w):
     with _named(fname):
         value = weight_norm(axis, mags.value, w.value)
     ax = int(axis) % w.ndim
-    return make_node("weight_norm", value, (mags, w), (ax,))
+    return make_node(weight_norm_ad, value, (mags, w), (ax,))
 
 
+@vjp_of(weight_norm_ad)
 def _vjp_weight_norm(g, node, needs):
     from .._kernels.norm_affine import weight_norm_backward
     mags, w = node.parents
@@ -337,22 +334,6 @@ def _vjp_weight_norm(g, node, needs):
                        overflow=lambda i, code: (f"gradient is not finite for slice {i} "
                                                  f"(beyond the float64 range)"))
     return (dm, dw)
-
-
-def _vjp_layer_norm(g, node, needs):
-    from .._kernels.backward import norm_rows_backward
-    x = node.parents[0]
-    axes, eps, center = node.ctx
-    n = 1
-    for s_ in x.shape[x.ndim - axes:]:
-        n *= s_
-    dx = np.empty(x.shape)
-    if dx.size:
-        rows = x.size // n
-        fn = norm_rows_backward.sized(x.size)
-        fn(x.value.reshape(-1), node.value.reshape(-1), _c(g).reshape(-1), rows, n, eps, center,
-           dx.reshape(-1))
-    return (dx,)
 
 
 def batch_norm_ad(mode, momentum, epsilon, gamma, beta, state, x):
@@ -400,9 +381,10 @@ def batch_norm_ad(mode, momentum, epsilon, gamma, beta, state, x):
                                       x.value)
     training = mode is Mode.TRAINING
     ctx = (float(epsilon), training, state.running_mean, state.running_variance)
-    return make_node("batch_norm", value, (x, gamma, beta), ctx), new_state
+    return make_node(batch_norm_ad, value, (x, gamma, beta), ctx), new_state
 
 
+@vjp_of(batch_norm_ad)
 def _vjp_batch_norm(g, node, needs):
     from .._kernels.backward import batch_norm_backward
     x, gamma, _ = node.parents
@@ -416,13 +398,3 @@ def _vjp_batch_norm(g, node, needs):
         batch_norm_backward(x.value.reshape(-1), _c(g).reshape(-1), N, C, S, eps, gamma.value,
                             training, _c(rm), _c(rv), dx.reshape(-1), dgamma, dbeta)
     return (dx, dgamma, dbeta)
-
-
-RULES = {
-    "layer_norm": _vjp_layer_norm,
-    "norm_rows": _vjp_norm_rows,
-    "norm_affine": _vjp_norm_affine,
-    "weight_norm": _vjp_weight_norm,
-    "batch_norm": _vjp_batch_norm,
-}
-register_vjp(RULES)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autodiff.core import make_node, register_vjp
+from ..autodiff.core import make_node, vjp_of
 from .._kernels.views import out5, readonly5
 from ._ad_common import _ad, _c, _named
 
@@ -66,7 +66,7 @@ def pooling_ad(mode, window, stride, padding, x, *, dilation=None, ceil_mode=Fal
     with _named(fname):
         value, plan = _pooling("pooling", mode, window, stride, padding, x.value, dilation,
                                ceil_mode, count_include_pad, divisor_override)
-    return make_node("pooling", value, (x,), plan)
+    return make_node(pooling_ad, value, (x,), plan)
 
 
 def adaptive_pooling_ad(mode, output_size, x):
@@ -103,7 +103,7 @@ def adaptive_pooling_ad(mode, output_size, x):
     x = _ad(fname, "x", x)
     with _named(fname):
         value, plan = _adaptive("adaptive_pooling", mode, output_size, x.value)
-    return make_node("adaptive_pooling", value, (x,), plan)
+    return make_node(adaptive_pooling_ad, value, (x,), plan)
 
 
 def global_pooling_ad(mode, x):
@@ -135,9 +135,12 @@ def global_pooling_ad(mode, x):
     x = _ad(fname, "x", x)
     with _named(fname):
         value, plan = _global("global_pooling", mode, x.value)
-    return make_node("global_pooling", value, (x,), plan)
+    return make_node(global_pooling_ad, value, (x,), plan)
 
 
+@vjp_of(global_pooling_ad)
+@vjp_of(adaptive_pooling_ad)
+@vjp_of(pooling_ad)
 def _vjp_box_pooling(g, node, needs):
     """``dx`` of any pooling node (its ctx is a BoxPlan)."""
     from .._kernels.pool import boxes3
@@ -150,11 +153,3 @@ def _vjp_box_pooling(g, node, needs):
         gv = _c(g).reshape(plan.out_shape)
         pool_backward_nd(readonly5(xv), readonly5(gv), boxes3(plan.axes), plan.is_max, out5(dx))
     return (dx.reshape(x.shape),)
-
-
-RULES = {
-    "pooling": _vjp_box_pooling,
-    "adaptive_pooling": _vjp_box_pooling,
-    "global_pooling": _vjp_box_pooling,
-}
-register_vjp(RULES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autodiff.core import make_node, register_vjp
+from ..autodiff.core import make_node, vjp_of
 from ._ad_common import _ad, _c, _named, _opt_ad
 
 
@@ -44,16 +44,10 @@ def rotary_embedding_ad(base, offset, x):
     x = _ad(fname, "x", x)
     with _named(fname):
         value = rotary_embedding(base, offset, x.value)
-    return make_node("rotary_embedding", value, (x,), (float(base), int(offset)))
+    return make_node(rotary_embedding_ad, value, (x,), (float(base), int(offset)))
 
 
-def _conj(a):
-    """``a`` with its odd features negated (a new array)."""
-    out = np.array(a, dtype=np.float64, order="C", copy=True)
-    out[..., 1::2] *= -1.0
-    return out
-
-
+@vjp_of(rotary_embedding_ad)
 def _vjp_rotary_embedding(g, node, needs):
     from .attention import rotary_embedding
     base, offset = node.ctx
@@ -61,6 +55,13 @@ def _vjp_rotary_embedding(g, node, needs):
     if g.size == 0:
         return (np.zeros(g.shape),)
     return (_conj(rotary_embedding(base, offset, _conj(g))),)
+
+
+def _conj(a):
+    """``a`` with its odd features negated (a new array)."""
+    out = np.array(a, dtype=np.float64, order="C", copy=True)
+    out[..., 1::2] *= -1.0
+    return out
 
 
 def transformer_feed_forward_ad(activation, w1, b1, w2, b2, x):
@@ -102,9 +103,3 @@ def transformer_feed_forward_ad(activation, w1, b1, w2, b2, x):
                          None if b1 is None else b1.value, w2.value,
                          None if b2 is None else b2.value, x.value)[0]
         return dense_ad(activate(act, dense_ad(x, w1, b1)), w2, b2)
-
-
-RULES = {
-    "rotary_embedding": _vjp_rotary_embedding,
-}
-register_vjp(RULES)

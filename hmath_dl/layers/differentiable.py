@@ -4,8 +4,8 @@ Each ``*_ad`` function computes its forward value with the plain layer of
 :mod:`hmath_dl.layers` (so the numbers are bit for bit those of the plain op) and records
 one node of the :mod:`hmath_dl.autodiff` tape whose vector-Jacobian rule is a Numba
 kernel: parallel over the gradient's own outputs, fixed summation orders, hence bitwise
-identical for any thread count.  The rules of this module form its part of the one table
-:data:`hmath_dl.autodiff.core.VJP_RULES` (see :data:`RULES` at the end).
+identical for any thread count.  Each rule follows its layer, declared with
+``@vjp_of(layer)`` (:func:`hmath_dl.autodiff.core.vjp_of`).
 
 Arguments that are not ADTensors (plain arrays) are treated as constants.  Errors raised
 by the plain layer are re-raised with this function's name in front, e.g.
@@ -24,9 +24,9 @@ import numpy as np
 from .. import _checks
 from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
-from ..autodiff.core import make_node, register_vjp
+from ..autodiff.core import make_node, vjp_of
 from .._kernels.views import out5, pad3, readonly, readonly5
-from ._ad_common import _ad, _c, _named, _opt_ad, _parents
+from ._ad_common import _ad, _c, _named, _opt_ad
 from ._ad_attention import multihead_attention_ad, scaled_dot_product_attention_ad
 from ._ad_norm import batch_norm_ad, layer_norm_ad, rms_norm_ad
 from ._ad_pool import pooling_ad
@@ -69,9 +69,10 @@ def dense_ad(x, w, bias):
     bias = _opt_ad(fname, "bias", bias)
     with _named(fname):
         value = dense(x.value, w.value, None if bias is None else bias.value)
-    return make_node("dense", value, _parents(x, w, bias))
+    return make_node(dense_ad, value, (x, w, bias))
 
 
+@vjp_of(dense_ad)
 def _vjp_dense(g, node, needs):
     x, w = node.parents[0], node.parents[1]
     out = w.shape[0]
@@ -81,9 +82,9 @@ def _vjp_dense(g, node, needs):
         gx = matmul_nd(g2, w.value).reshape(x.shape)
     if needs[1]:
         gw = matmul_nd(g2.T, x.value.reshape(-1, w.shape[1]))
-    if len(needs) > 2 and needs[2]:
+    if needs[2]:
         gb = sum_to(g2, (False, True))
-    return (gx, gw, gb)[:len(needs)]
+    return gx, gw, gb
 
 
 # =========================================================================== convolution
@@ -160,7 +161,7 @@ def convolution_ad(options, x, w, bias):
         if x.ndim == w.ndim - 1:
             return _batched(fname, x, w, lambda xb: convolution_ad(options, xb, w, bias))
         geometry = _conv_geometry(fname, options, x.ndim - 2, w.shape[2:])
-    return make_node("convolution", value, _parents(x, w, bias), geometry)
+    return make_node(convolution_ad, value, (x, w, bias), geometry)
 
 
 def depthwise_convolution_ad(options, x, w, bias):
@@ -201,7 +202,20 @@ def depthwise_convolution_ad(options, x, w, bias):
             return _batched(fname, x, w,
                             lambda xb: depthwise_convolution_ad(options, xb, w, bias))
         geometry = _conv_geometry(fname, options, x.ndim - 2, w.shape[2:], groups=x.shape[1])
-    return make_node("convolution", value, _parents(x, w, bias), geometry)
+    return make_node(depthwise_convolution_ad, value, (x, w, bias), geometry)
+
+
+@vjp_of(depthwise_convolution_ad, "convolution")
+@vjp_of(convolution_ad)
+def _vjp_convolution(g, node, needs):
+    x, w = node.parents[0], node.parents[1]
+    s, p, d, groups, crop = node.ctx
+    g = _uncrop(g, crop)
+    gx, gw = _conv_grads(x.value, w.shape, w.value, g, s, p, d, groups, needs[0], needs[1])
+    gb = None
+    if needs[2]:
+        gb = sum_to(g, (False, True) + (False,) * (g.ndim - 2))
+    return gx, gw, gb
 
 
 def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
@@ -253,17 +267,6 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     return gx, gw
 
 
-def _vjp_convolution(g, node, needs):
-    x, w = node.parents[0], node.parents[1]
-    s, p, d, groups, crop = node.ctx
-    g = _uncrop(g, crop)
-    gx, gw = _conv_grads(x.value, w.shape, w.value, g, s, p, d, groups, needs[0], needs[1])
-    gb = None
-    if len(needs) > 2 and needs[2]:
-        gb = sum_to(g, (False, True) + (False,) * (g.ndim - 2))
-    return (gx, gw, gb)[:len(needs)]
-
-
 def transposed_convolution_ad(output_padding, options, x, w, bias):
     """Differentiable :func:`~hmath_dl.layers.transposed_convolution`, the adjoint of
     convolution: ``y[n, co, i s - p + k d] += x[n, ci, i] w[ci, co, k]``, plus ``bias[co]``.
@@ -307,9 +310,10 @@ def transposed_convolution_ad(output_padding, options, x, w, bias):
             return _batched(fname, x, w, lambda xb: transposed_convolution_ad(
                 output_padding, options, xb, w, bias))
         geometry = _conv_geometry(fname, options, x.ndim - 2, None)
-    return make_node("transposed_convolution", value, _parents(x, w, bias), geometry)
+    return make_node(transposed_convolution_ad, value, (x, w, bias), geometry)
 
 
+@vjp_of(transposed_convolution_ad)
 def _vjp_transposed_convolution(g, node, needs):
     # y = conv^T(x, w): x plays the role of a convolution's output and y of its input, so
     # dx = conv(g, w) and dw is the weight gradient of conv(g -> x-shaped) with cotangent x.
@@ -326,9 +330,9 @@ def _vjp_transposed_convolution(g, node, needs):
             gx = np.ascontiguousarray(gx[tuple(slice(0, n) for n in x.shape)])
     if needs[1]:
         _, gw = _conv_grads(g, w.shape, w.value, x.value, s, p, d, groups, False, True)
-    if len(needs) > 2 and needs[2]:
+    if needs[2]:
         gb = sum_to(g, (False, True) + (False,) * (g.ndim - 2))
-    return (gx, gw, gb)[:len(needs)]
+    return gx, gw, gb
 
 
 # =========================================================================== embedding
@@ -364,9 +368,10 @@ def embedding_ad(weights, indices):
     with _named(fname):
         value = embedding(weights.value, indices)
         idx = _checks.int_array(fname, "indices", indices)
-    return make_node("embedding", value, (weights,), idx.reshape(-1))
+    return make_node(embedding_ad, value, (weights,), idx.reshape(-1))
 
 
+@vjp_of(embedding_ad)
 def _vjp_embedding(g, node, needs):
     from .._kernels.backward import embedding_backward
     w = node.parents[0]
@@ -446,19 +451,9 @@ def _masked(fname, plain, mode, p, rng, x):
     x = _ad(fname, "x", x)
     with _named(fname):
         value, mask, new_rng = plain(mode, p, rng, x.value)
-    return make_node("dropout", value, (x,), mask), mask, new_rng
+    return make_node(_masked, value, (x,), mask), mask, new_rng
 
 
+@vjp_of(_masked, "dropout")
 def _vjp_dropout(g, node, needs):
     return (g * node.ctx,)
-
-
-# =========================================================================== the table
-RULES = {
-    "dense": _vjp_dense,
-    "convolution": _vjp_convolution,
-    "transposed_convolution": _vjp_transposed_convolution,
-    "embedding": _vjp_embedding,
-    "dropout": _vjp_dropout,
-}
-register_vjp(RULES)
