@@ -227,6 +227,8 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     over ``(n, o)`` resp. ``co'`` in order, the same bits on every CPU), and ``dx = col2im(dcols)`` (a Numba kernel parallel over ``(n, c)``
     planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
     """
+    from .._kernels import conv_wgrad
+    from .._kernels._cpu import machine
     from .._kernels.backward import channels_first, col2im, im2col
     xs = x.shape
     N, C = xs[0], xs[1]
@@ -242,7 +244,11 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     if G.size:
         channels_first.sized(G.size)(readonly(_c(g).reshape(N, Cout, P)), G)
     gx = gw = None
-    if need_w:
+    if need_w and conv_wgrad.usable(Cog, Cg * KK, N * P, machine().tiled):
+        dw = np.empty((Cout, Cg * KK))
+        gw = conv_wgrad.weight_gradient(readonly5(x), G, Cout, Cg, groups, geo, dw).reshape(
+            w_shape)
+    elif need_w:
         cols = np.empty((C * KK, N * P))
         if cols.size:
             im2col.sized(cols.size)(readonly5(x), *geo, cols)

@@ -1,0 +1,97 @@
+"""The weight gradient of a convolution on the register-tiled GEMM, without im2col.
+
+``dw[co, (c', k)] = sum over (n, o) of G[co, (n, o)] * cols[(c', k), (n, o)]`` per group,
+``cols`` the unfolded input (:func:`.backward.im2col`): each output one fused
+multiply-add chain over ``(n, o)`` in order from +0.0, exactly what
+:func:`.gemm_f64.matmul` computes for ``G @ cols.T`` -- so the same bits as the im2col
+path on every target.  Here ``cols.T`` is never materialised: :func:`unfold_packed`
+writes the unfolded input straight into the packed layout in which
+:func:`.gemm_f64.gemm_tiled` reads its ``b`` operand (``[ceil(R/T), N*P, T]``), one
+(tile, batch element) piece per task, and ``G``'s rows are packed as its ``a``.  That
+skips writing ``cols`` (``C*K x N*P``) and reading it again, transposed, to pack it.
+"""
+
+import numpy as np
+
+from ._jit import span_kernel
+from .gemm_f64 import _CB, _workspace, pack_a, run_tiled, tile_width
+
+
+@span_kernel(iterations=lambda xp, toff, poff, T, bpk: -(-toff.shape[0] // T) * xp.shape[0],
+             work=lambda xp, toff, poff, T, bpk: bpk.shape[0])
+def unfold_packed(xp, toff, poff, T, bpk, t0, t1):
+    """``bpk[tile, n*P + o, i] = xp[n].flat[poff[o] + toff[r]]`` for ``r = tile*T + i <
+    R`` and 0 for ``r >= R``: the unfolded input's transpose packed as
+    :func:`.gemm_f64.gemm_tiled`'s ``b``.  ``xp [N, ...]`` is the zero-padded input
+    (C-contiguous), ``toff [R]`` each unfolded row's offset in one padded batch element
+    (channel and kernel tap times the dilation), ``poff [P]`` each output position's
+    (times the stride).  A span kernel over (tile, batch element) pieces, each a
+    contiguous run of ``bpk``: per position one contiguous row of ``T`` values gathered
+    from the batch element's padded input (in cache for the planes this path is for)."""
+    N = xp.shape[0]
+    plane = xp.size // N if N > 0 else 0
+    xf = xp.reshape(-1)
+    R = toff.shape[0]
+    P = poff.shape[0]
+    for t in range(t0, t1):
+        tile = t // N
+        n = t - tile * N
+        r0 = tile * T
+        w = min(T, R - r0)
+        base = (tile * N + n) * P * T
+        nb = n * plane
+        for o in range(P):
+            dst = base + o * T
+            src = nb + poff[o]
+            for i in range(w):
+                bpk[dst + i] = xf[src + toff[r0 + i]]
+            for i in range(w, T):
+                bpk[dst + i] = 0.0
+
+
+def usable(cog, terms, positions, tiled):
+    """Whether :func:`weight_gradient` takes the fused path: the machine has register
+    tiles (``tiled``), at least one 6-row block of output channels per group (the GEMM
+    packs fewer rows as the portable path, see :func:`.gemm_f64.gemm`) and a non-empty
+    sum (``positions = N*P > 0``, ``terms = Cg*K > 0``)."""
+    return tiled and cog >= _CB and terms > 0 and positions > 0
+
+
+def weight_gradient(x5, G, cout, cg, groups, geo, dw):
+    """``dw [Cout, Cg*K]`` (C-contiguous, written) ``= G[group rows] @ cols[group]^T`` per
+    group, ``x5 [N, C, D, H, W]`` the input, ``G [Cout, N*P]`` the output gradient with
+    channels first (C-contiguous), ``geo`` the convolution's geometry ``(kd, kh, kw, sd,
+    sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW)``.  The input is zero-padded first (a
+    copy), so the unfold reads every tap without a bounds test.  Requires
+    :func:`usable`."""
+    kd, kh, kw = geo[0], geo[1], geo[2]
+    dd, dh, dwl = geo[6], geo[7], geo[8]
+    pd, ph, pw = geo[9], geo[10], geo[11]
+    KK = kd * kh * kw
+    R = cg * KK
+    cog = cout // groups
+    K = G.shape[1]
+    T = tile_width(R)
+    N, C, D, H, W = x5.shape
+    sd, sh, sw = geo[3], geo[4], geo[5]
+    OD, OH, OW = geo[12], geo[13], geo[14]
+    Dp, Hp, Wp = D + 2 * pd, H + 2 * ph, W + 2 * pw
+    if pd or ph or pw:
+        xp = np.zeros((N, C, Dp, Hp, Wp))
+        xp[:, :, pd:pd + D, ph:ph + H, pw:pw + W] = x5
+    else:
+        xp = np.ascontiguousarray(x5)
+    r = np.arange(R)
+    kk = r % KK
+    toff = ((r // KK * Dp + kk // (kh * kw) * dd) * Hp + (kk // kw) % kh * dh) * Wp \
+        + kk % kw * dwl
+    o = np.arange(OD * OH * OW)
+    poff = ((o // (OH * OW) * sd) * Hp + (o // OW) % OH * sh) * Wp + o % OW * sw
+    toff, poff = toff.astype(np.int64), poff.astype(np.int64)
+    flat = dw.reshape(-1)
+    for gi in range(groups):
+        bpk = _workspace("b", -(-R // T) * K * T)
+        unfold_packed(xp, toff + gi * cg * Dp * Hp * Wp, poff, T, bpk)
+        apk = pack_a(G[gi * cog:(gi + 1) * cog], cog * R * K < (1 << 21))
+        run_tiled(apk, bpk, 0, flat[gi * cog * R:], 0, R, cog, R, K, T, 1, None, 0, False)
+    return dw
