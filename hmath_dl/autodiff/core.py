@@ -24,7 +24,6 @@ Design (after HIPS/autograd ``core.py`` and micrograd ``engine.py``)
 
 from __future__ import annotations
 
-import numbers
 from types import MappingProxyType
 from typing import Callable, Dict, List, Mapping, Tuple
 

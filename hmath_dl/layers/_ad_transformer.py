@@ -93,7 +93,7 @@ def transformer_feed_forward_ad(activation, w1, b1, w2, b2, x):
         with ``transformer_feed_forward_ad:``.
     """
     from ..autodiff.ops import activate
-    from .differentiable import dense_ad
+    from ._ad_dense import dense_ad
     from .feed_forward import _arguments
     fname = "transformer_feed_forward_ad"
     w1, w2, x = _ad(fname, "w1", w1), _ad(fname, "w2", w2), _ad(fname, "x", x)
