@@ -214,25 +214,33 @@ def gemm_rows(a, b, c):
                 row[n] = _fma(am, br[n], row[n])
 
 
+@helper
+def _strip(bf, N, bpk, K, T, tile):
+    """Tile ``tile`` of :func:`_pack_b`: ``bpk[tile, k, i] = b[k, tile*T + i]`` (0 past
+    N).  Unsigned indices: Numba then drops its negative-index wrap-around test, which
+    kept the copy scalar (1024 x 64: 50 -> 18 us on one core)."""
+    n0 = tile * T
+    w = np.uint64(max(0, min(T, N - n0)))
+    uT = np.uint64(T)
+    for k in range(K):
+        base = np.uint64((tile * K + k) * T)
+        src = np.uint64(k * N + n0)
+        for i in range(w):
+            bpk[base + i] = bf[src + i]
+        for i in range(w, uT):
+            bpk[base + i] = 0.0
+
+
 @kernel
 def _pack_b(b, bpk, K, T):
     """``b [K, N]`` -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past N (a copy: no
-    arithmetic).  Parallel over blocks of rows, each row of ``b`` read once, front to back
-    (walking a T-column strip down all K rows instead touches a new page per row)."""
+    arithmetic).  Parallel over tiles, each a contiguous run of ``bpk`` read as one
+    T-column strip of ``b`` (:func:`_strip`)."""
     N = b.shape[1]
     ntile = bpk.shape[0] // (K * T) if K > 0 else 0
-    nkb = (K + 15) // 16
-    for kb in prange(nkb):
-        for k in range(kb * 16, min(K, kb * 16 + 16)):
-            br = b[k]
-            for tile in range(ntile):
-                n0 = tile * T
-                w = min(T, N - n0)
-                base = (tile * K + k) * T
-                for i in range(w):
-                    bpk[base + i] = br[n0 + i]
-                for i in range(w, T):
-                    bpk[base + i] = 0.0
+    bf = b.reshape(-1)
+    for tile in prange(ntile):
+        _strip(bf, N, bpk, K, T, tile)
 
 
 @kernel
