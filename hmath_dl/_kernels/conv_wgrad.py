@@ -11,9 +11,12 @@ writes the unfolded input straight into the packed layout in which
 skips writing ``cols`` (``C*K x N*P``) and reading it again, transposed, to pack it.
 """
 
+import functools
+
 import numpy as np
 
 from ._jit import span_kernel
+from .views import readonly
 from .gemm_f64 import _CB, _workspace, pack_a, run_tiled, tile_width
 
 
@@ -57,6 +60,26 @@ def usable(cog, terms, positions, tiled):
     return tiled and cog >= _CB and terms > 0 and positions > 0
 
 
+@functools.lru_cache(maxsize=64)
+def _offsets(C, Dp, Hp, Wp, R, geo):
+    """``(toff, poff)`` of :func:`unfold_packed` (read-only int64) for ``R`` unfolded rows
+    of a padded input ``[C, Dp, Hp, Wp]`` per batch element: each row's offset (channel,
+    kernel tap times the dilation) and each output position's (times the stride).  Kept
+    per geometry: a training step asks for the same ones every time."""
+    kd, kh, kw, sd, sh, sw, dd, dh, dw = geo[:9]
+    OD, OH, OW = geo[12], geo[13], geo[14]
+    KK = kd * kh * kw
+    r = np.arange(R, dtype=np.int64)
+    kk = r % KK
+    toff = ((r // KK * Dp + kk // (kh * kw) * dd) * Hp + (kk // kw) % kh * dh) * Wp \
+        + kk % kw * dw
+    o = np.arange(OD * OH * OW, dtype=np.int64)
+    poff = ((o // (OH * OW) * sd) * Hp + (o // OW) % OH * sh) * Wp + o % OW * sw
+    toff.flags.writeable = False
+    poff.flags.writeable = False
+    return toff, poff
+
+
 def weight_gradient(x5, G, cout, cg, groups, geo, dw):
     """``dw [Cout, Cg*K]`` (C-contiguous, written) ``= G[group rows] @ cols[group]^T`` per
     group, ``x5 [N, C, D, H, W]`` the input, ``G [Cout, N*P]`` the output gradient with
@@ -64,34 +87,25 @@ def weight_gradient(x5, G, cout, cg, groups, geo, dw):
     sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW)``.  The input is zero-padded first (a
     copy), so the unfold reads every tap without a bounds test.  Requires
     :func:`usable`."""
-    kd, kh, kw = geo[0], geo[1], geo[2]
-    dd, dh, dwl = geo[6], geo[7], geo[8]
     pd, ph, pw = geo[9], geo[10], geo[11]
-    KK = kd * kh * kw
-    R = cg * KK
+    R = cg * geo[0] * geo[1] * geo[2]
     cog = cout // groups
     K = G.shape[1]
     T = tile_width(R)
     N, C, D, H, W = x5.shape
-    sd, sh, sw = geo[3], geo[4], geo[5]
-    OD, OH, OW = geo[12], geo[13], geo[14]
     Dp, Hp, Wp = D + 2 * pd, H + 2 * ph, W + 2 * pw
     if pd or ph or pw:
         xp = np.zeros((N, C, Dp, Hp, Wp))
         xp[:, :, pd:pd + D, ph:ph + H, pw:pw + W] = x5
     else:
         xp = np.ascontiguousarray(x5)
-    r = np.arange(R)
-    kk = r % KK
-    toff = ((r // KK * Dp + kk // (kh * kw) * dd) * Hp + (kk // kw) % kh * dh) * Wp \
-        + kk % kw * dwl
-    o = np.arange(OD * OH * OW)
-    poff = ((o // (OH * OW) * sd) * Hp + (o // OW) % OH * sh) * Wp + o % OW * sw
-    toff, poff = toff.astype(np.int64), poff.astype(np.int64)
+    toff, poff = _offsets(C, Dp, Hp, Wp, R, geo)
     flat = dw.reshape(-1)
     for gi in range(groups):
         bpk = _workspace("b", -(-R // T) * K * T)
-        unfold_packed(xp, toff + gi * cg * Dp * Hp * Wp, poff, T, bpk)
+        # (read-only like the cached offsets: one compiled specialisation)
+        unfold_packed(xp, readonly(toff + gi * cg * Dp * Hp * Wp) if gi else toff, poff, T,
+                      bpk)
         apk = pack_a(G[gi * cog:(gi + 1) * cog], cog * R * K < (1 << 21))
         run_tiled(apk, bpk, 0, flat[gi * cog * R:], 0, R, cog, R, K, T, 1, None, 0, False)
     return dw
