@@ -99,6 +99,7 @@ def weight_gradient(x5, G, cout, cg, groups, geo, dw):
         xp[:, :, pd:pd + D, ph:ph + H, pw:pw + W] = x5
     else:
         xp = np.ascontiguousarray(x5)
+    xp = readonly(xp)            # one compiled specialisation, padded or not
     toff, poff = _offsets(C, Dp, Hp, Wp, R, geo)
     flat = dw.reshape(-1)
     for gi in range(groups):
