@@ -130,45 +130,51 @@ def backward(x5, g5, args, is_max, dx5):
 
 
 @helper
-def _plane_forward(x, p, out, kh, kw, sh, sw, is_max, div, col):
-    """Plane ``p``: ``out[p] [OH, OW]`` from ``x[p] [H, W]`` (see the module docstring;
-    ``col`` a scratch row of length W); returns 1 if the plane's input holds a NaN/inf or
-    (average) its output is not finite.  Per output row: the window rows reduced column
-    by column into ``col`` (a loop along the contiguous row: it vectorises), then each
-    window's columns of ``col`` reduced in order.  (Indexing without row views: a view
-    costs a reference-count update, more than the arithmetic of a small plane.)"""
-    H, W = x.shape[1], x.shape[2]
-    OH, OW = out.shape[1], out.shape[2]
+def _plane_forward(xf, p, H, W, outf, OH, OW, kh, kw, sh, sw, is_max, div, col):
+    """Plane ``p``: ``out[p] [OH, OW]`` from ``x[p] [H, W]`` (``xf``, ``outf`` the flat
+    arrays; see the module docstring; ``col`` a scratch row of length W); returns 1 if
+    the plane's input holds a NaN/inf or (average) its output is not finite.  Per output
+    row: the window rows reduced column by column into ``col`` (a loop along the
+    contiguous row: it vectorises), then each window's columns of ``col`` reduced in
+    order.  Every index is unsigned (``u``): Numba then drops its negative-index test,
+    which kept these short loops scalar (and costs more than the arithmetic of a small
+    plane); no row views (a view costs a reference-count update)."""
+    one = np.uint64(1)
+    uW = np.uint64(W)
+    ukh, ukw, ush, usw = np.uint64(kh), np.uint64(kw), np.uint64(sh), np.uint64(sw)
+    xb = np.uint64(p) * np.uint64(H) * uW
+    ob = np.uint64(p) * np.uint64(OH) * np.uint64(OW)
     nbad = 0
-    for oh in range(OH):
-        h0 = oh * sh
-        for w in range(W):
-            col[w] = x[p, h0, w]
-        for h in range(h0 + 1, h0 + kh):
+    for oh in range(np.uint64(OH)):
+        h0 = oh * ush
+        r0 = xb + h0 * uW
+        for w in range(uW):
+            col[w] = xf[r0 + w]
+        for h in range(h0 + one, h0 + ukh):
+            r = xb + h * uW
             if is_max:
-                for w in range(W):
-                    u = x[p, h, w]
+                for w in range(uW):
+                    u = xf[r + w]
                     col[w] = u if u > col[w] else col[w]
             else:
-                for w in range(W):
-                    col[w] += x[p, h, w]
-        for ow in range(OW):
-            w0 = ow * sw
+                for w in range(uW):
+                    col[w] += xf[r + w]
+        orow = ob + oh * np.uint64(OW)
+        for ow in range(np.uint64(OW)):
+            w0 = ow * usw
             v = col[w0]
-            for w in range(w0 + 1, w0 + kw):
+            for w in range(w0 + one, w0 + ukw):
                 c = col[w]
                 if is_max:
                     v = c if c > v else v
                 else:
                     v += c
-            out[p, oh, ow] = v if is_max else v / div
-    for h in range(H):
-        for w in range(W):
-            nbad += x[p, h, w] * 0.0 != 0.0
+            outf[orow + ow] = v if is_max else v / div
+    for q in range(np.uint64(H) * uW):
+        nbad += xf[xb + q] * 0.0 != 0.0
     if not is_max:
-        for oh in range(OH):
-            for ow in range(OW):
-                nbad += out[p, oh, ow] * 0.0 != 0.0
+        for q in range(np.uint64(OH) * np.uint64(OW)):
+            nbad += outf[ob + q] * 0.0 != 0.0
     return 1 if nbad != 0 else 0
 
 
@@ -177,14 +183,17 @@ def pool2d_regular(x, kh, kw, sh, sw, is_max, div, out):
     """Max (``is_max``) or average (sum / ``div``, an integer divisor) over regular
     windows of ``x [P, H, W]`` into ``out [P, OH, OW]`` (C-contiguous float64, P the
     (n, c) planes); returns the number of bad planes (see :func:`_plane_forward`)."""
-    P = x.shape[0]
+    P, H, W = x.shape
+    OH, OW = out.shape[1], out.shape[2]
+    xf = x.reshape(-1)
+    outf = out.reshape(-1)
     ntask = (P + PLANES_PER_TASK - 1) // PLANES_PER_TASK
     bad = np.zeros(ntask, dtype=np.int64)
     for t in prange(ntask):
         nb = 0
-        col = np.empty(x.shape[2])
+        col = np.empty(W)
         for p in range(t * PLANES_PER_TASK, min(P, (t + 1) * PLANES_PER_TASK)):
-            nb += _plane_forward(x, p, out, kh, kw, sh, sw, is_max, div, col)
+            nb += _plane_forward(xf, p, H, W, outf, OH, OW, kh, kw, sh, sw, is_max, div, col)
         bad[t] = nb
     total = 0
     for t in range(ntask):
@@ -192,32 +201,44 @@ def pool2d_regular(x, kh, kw, sh, sw, is_max, div, out):
     return total
 
 
+@helper
+def _plane_max_backward(xf, gf, p, H, W, OH, OW, kh, kw, sh, sw, dxf):
+    """Plane ``p`` of :func:`max_pool2d_regular_backward` (flat arrays, unsigned indices
+    as in :func:`_plane_forward`)."""
+    uW = np.uint64(W)
+    ukh, ukw, ush, usw = np.uint64(kh), np.uint64(kw), np.uint64(sh), np.uint64(sw)
+    xb = np.uint64(p) * np.uint64(H) * uW
+    gb = np.uint64(p) * np.uint64(OH) * np.uint64(OW)
+    for q in range(np.uint64(H) * uW):
+        dxf[xb + q] = 0.0
+    for oh in range(np.uint64(OH)):
+        h0 = oh * ush
+        for ow in range(np.uint64(OW)):
+            w0 = ow * usw
+            best_at = xb + h0 * uW + w0
+            best = xf[best_at]
+            for h in range(h0, h0 + ukh):
+                r = xb + h * uW
+                for w in range(w0, w0 + ukw):
+                    u = xf[r + w]
+                    if u > best:
+                        best = u
+                        best_at = r + w
+            dxf[best_at] += gf[gb + oh * np.uint64(OW) + ow]
+
+
 @kernel
 def max_pool2d_regular_backward(x, g, kh, kw, sh, sw, dx):
     """``dx [P, H, W]`` of max pooling over regular windows: see the module docstring."""
     P, H, W = x.shape
     OH, OW = g.shape[1], g.shape[2]
+    xf = x.reshape(-1)
+    gf = g.reshape(-1)
+    dxf = dx.reshape(-1)
     ntask = (P + PLANES_PER_TASK - 1) // PLANES_PER_TASK
     for t in prange(ntask):
         for p in range(t * PLANES_PER_TASK, min(P, (t + 1) * PLANES_PER_TASK)):
-            for h in range(H):
-                for w in range(W):
-                    dx[p, h, w] = 0.0
-            for oh in range(OH):
-                h0 = oh * sh
-                for ow in range(OW):
-                    w0 = ow * sw
-                    bh = h0
-                    bw = w0
-                    best = x[p, h0, w0]
-                    for h in range(h0, h0 + kh):
-                        for w in range(w0, w0 + kw):
-                            u = x[p, h, w]
-                            if u > best:
-                                best = u
-                                bh = h
-                                bw = w
-                    dx[p, bh, bw] += g[p, oh, ow]
+            _plane_max_backward(xf, gf, p, H, W, OH, OW, kh, kw, sh, sw, dxf)
 
 
 @kernel
