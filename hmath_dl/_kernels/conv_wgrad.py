@@ -35,20 +35,22 @@ def unfold_packed(xp, toff, poff, T, bpk, t0, t1):
     plane = xp.size // N if N > 0 else 0
     xf = xp.reshape(-1)
     R = toff.shape[0]
-    P = poff.shape[0]
+    uP = np.uint64(poff.shape[0])
+    uT = np.uint64(T)
+    # unsigned indices: Numba drops its negative-index test (which keeps a loop scalar)
     for t in range(t0, t1):
         tile = t // N
         n = t - tile * N
-        r0 = tile * T
-        w = min(T, R - r0)
-        base = (tile * N + n) * P * T
-        nb = n * plane
-        for o in range(P):
-            dst = base + o * T
-            src = nb + poff[o]
+        r0 = np.uint64(tile * T)
+        w = np.uint64(min(T, R - tile * T))
+        base = np.uint64((tile * N + n) * T) * uP
+        nb = np.uint64(n * plane)
+        for o in range(uP):
+            dst = base + o * uT
+            src = nb + np.uint64(poff[o])
             for i in range(w):
-                bpk[dst + i] = xf[src + toff[r0 + i]]
-            for i in range(w, T):
+                bpk[dst + i] = xf[src + np.uint64(toff[r0 + i])]
+            for i in range(w, uT):
                 bpk[dst + i] = 0.0
 
 
