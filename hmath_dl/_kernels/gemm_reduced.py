@@ -230,22 +230,18 @@ def gemm_f32_seq(a, b, out, fused):
     return best
 
 
-@helper
-def gemm_f32_seq_serial(a, b, out, fused):
-    """:func:`gemm_f32_seq` without a parallel launch (bitwise the same result), for
-    products too small to repay the start of the thread pool."""
-    M = a.shape[0]
-    N = b.shape[1]
-    ng, group = _tasks(M, N)
-    ntasks = ((N + NR - 1) // NR) * ng
-    flat_a = a.reshape(-1)
-    best = np.int64(NO_INDEX)
-    for t in range(ntasks):
-        jb = t // ng
-        bad = _task(flat_a, b, out, fused, jb, t - jb * ng, group)
-        if bad >= 0 and (best < 0 or bad < best):
-            best = bad
-    return best
+def launch(k, serial):
+    """The path of the kernel ``k`` for a launch its caller sized by its own threshold
+    (``serial``: that verdict, already through :func:`._jit.runs_serial`), through the one
+    policy, :meth:`._jit.Kernel.sized`: its serial twin (the same function compiled
+    without ``parallel``: the same bits) or its parallel compilation."""
+    return k.sized(0 if serial else k.limit)
+
+
+def gemm_seq(a, b, out, fused, serial=False):
+    """:func:`gemm_f32_seq` (``serial``: its serial twin, for products too small to repay
+    the start of the thread pool; bitwise the same result) as a Python int."""
+    return int(launch(gemm_f32_seq, serial)(a, b, out, fused))
 
 
 # --------------------------------------------------------------------------- tiled path
@@ -452,7 +448,7 @@ def _tiles(M, N):
     return Mp, T, Np, bpp, tpp
 
 
-def reduced_tiled(a, b, mbits, bias, out, exact_fma, parallel=True):
+def reduced_tiled(a, b, mbits, bias, out, exact_fma, serial=False):
     """The tiled reduced GEMM from float64 operands: ``a [M, K]``, ``b [K, N]``
     (C-contiguous float64, M, N, K >= 1) rounded to the 16-bit format ``(mbits, bias)``
     straight into packed float32 panels, then ``out [M, N]`` (float64, C-contiguous) =
@@ -461,22 +457,22 @@ def reduced_tiled(a, b, mbits, bias, out, exact_fma, parallel=True):
     ``exact_fma(range_a, range_b)`` decides from the operands' rounded magnitude ranges
     (largest, smallest non-zero or None) whether the fused kernel is exact.  Returns ``None`` when an operand holds NaN/inf or overflows in the
     format (nothing is computed: the caller's checked path names the entry), else the
-    first flat index of a non-finite output, or NO_INDEX (-1)."""
+    first flat index of a non-finite output, or NO_INDEX (-1).  ``serial``: the caller's
+    verdict that the product is too small for parallel launches (:func:`launch`)."""
     from .gemm_f64 import _workspace
     M, K = a.shape
     N = b.shape[1]
     Mp, T, Np, bpp, tpp = _tiles(M, N)
-    pick = (lambda k: k) if parallel else (lambda k: k.serial)
     stats_a = np.empty(3, dtype=np.int64)
     stats_b = np.empty(3, dtype=np.int64)
     apk = _workspace("a32", Mp * K, np.float32)
-    if pick(round_pack_a)(a, apk, mbits, bias, stats_a):
+    if launch(round_pack_a, serial)(a, apk, mbits, bias, stats_a):
         return None
     bpk = _workspace("b32", Np * K, np.float32)
-    if pick(round_pack_b)(b, bpk, T, mbits, bias, stats_b):
+    if launch(round_pack_b, serial)(b, bpk, T, mbits, bias, stats_b):
         return None
     c = _workspace("c32", Mp * Np, np.float32)
     mags = stats_a[:2].view(np.float64), stats_b[:2].view(np.float64)
     fused = bool(exact_fma(*((float(m[0]), None if st[1] == _NONE else float(m[1]))
                              for m, st in zip(mags, (stats_a, stats_b)))))
-    return int(pick(gemm_f32_tiled)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))
+    return int(launch(gemm_f32_tiled, serial)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))

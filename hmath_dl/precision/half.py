@@ -355,7 +355,7 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         mbits, bias, _ = _FORMAT[precision]
         bad = _kgemm.reduced_tiled(
             a, b, mbits, bias, out, _products_exact,
-            parallel=not runs_serial(m * n * k <= _SERIAL_TILED_WORK))
+            serial=runs_serial(m * n * k <= _SERIAL_TILED_WORK))
         if bad is not None:     # None: NaN/inf or an overflowing entry, named below
             return _finish(fname, precision, out, bad)
     a32, status_a, range_a = _round_float32(fname, precision, a)
@@ -372,10 +372,8 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         return out
     fused = _products_exact(range_a, range_b)
     # a parallel launch would cost more than it saves (unless forced_schedule says otherwise)
-    if runs_serial(m * n * k <= _SERIAL_GEMM_WORK):
-        bad = int(_kgemm.gemm_f32_seq_serial(a32, b32, out, fused))
-    else:
-        bad = int(_kgemm.gemm_f32_seq(a32, b32, out, fused))
+    bad = _kgemm.gemm_seq(a32, b32, out, fused,
+                          serial=runs_serial(m * n * k <= _SERIAL_GEMM_WORK))
     return _finish(fname, precision, out, bad)
 
 
