@@ -26,7 +26,6 @@ from .._kernels import gemm_reduced as _kgemm
 from .._kernels._cpu import machine as _machine
 from .._kernels._jit import runs_serial
 from .._kernels._plan import forcing
-from ..config import SERIAL_WORK
 from .._kernels.status import NO_INDEX, NONFINITE_INPUT, NONFINITE_SOMEWHERE, OK
 from ..errors import DomainError, ShapeError
 
@@ -66,8 +65,10 @@ def _round(fname: str, name: str, precision: Precision, arr: np.ndarray) -> np.n
 
 def _whole(kernel, n):
     """``kernel`` (a chunk-parallel whole-array kernel of :mod:`.._kernels.half`) or its
-    serial twin for ``n`` entries (same values either way)."""
-    return kernel.serial if n < SERIAL_WORK else kernel
+    serial twin for ``n`` entries (same values either way): :meth:`Kernel.sized`, the one
+    serial/parallel policy (below ``SERIAL_WORK`` entries, or as ``forced_schedule``
+    says)."""
+    return kernel.sized(n)
 
 
 def _overflow(name, precision, arr, bad):
