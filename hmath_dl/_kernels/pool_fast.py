@@ -54,7 +54,32 @@ def forced_path(name):
         yield
 
 
+_REGULAR_MEMO = {}
+_REGULAR_MEMO_MAX = 256
+
+
 def regular_windows(axes, spatial):
+    """:func:`_regular_windows`, remembered for the same per-axis arrays (the layers'
+    cached, read-only window plans: the same objects call after call).  The memo holds
+    the arrays it was computed from and checks them by identity, so an id can never be
+    reused for another array while its entry exists."""
+    key = (tuple(spatial),) + tuple((id(lo), id(hi), int(st), id(cn))
+                                    for lo, hi, st, cn in axes)
+    hit = _REGULAR_MEMO.get(key)
+    if hit is not None and all(a[0] is b[0] and a[1] is b[1] and a[3] is b[3]
+                               for a, b in zip(hit[0], axes)):
+        return hit[1]
+    reg = _regular_windows(axes, spatial)
+    if all(isinstance(a[0], np.ndarray) and not a[0].flags.writeable and
+           isinstance(a[1], np.ndarray) and not a[1].flags.writeable and
+           isinstance(a[3], np.ndarray) and not a[3].flags.writeable for a in axes):
+        if len(_REGULAR_MEMO) >= _REGULAR_MEMO_MAX:
+            _REGULAR_MEMO.clear()
+        _REGULAR_MEMO[key] = (tuple(axes), reg)
+    return reg
+
+
+def _regular_windows(axes, spatial):
     """``(kh, kw, sh, sw)`` when the per-axis boxes ``axes`` (``(lo, hi, step, count)``
     per spatial axis, as :func:`._kernels.pool.boxes3` takes them) of an input with
     spatial shape ``spatial`` are regular 2-D windows -- 1 or 2 spatial axes, step 1,
