@@ -276,8 +276,7 @@ def test_register_tiled_kernel_gives_the_generic_kernels_bits(c, t):
     ((2, 4, 40), (20, 2, 3), (2,), (2,), 2, False),              # 1-D, blocks 6 + 4
 ])
 @pytest.mark.parametrize("fuse", [True, False])
-def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, with_bias, fuse,
-                                                         monkeypatch):
+def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, with_bias, fuse):
     """Long output rows take the row-tiled kernel (stores straight into the output, row
     remainders and the last tiles of the array through the buffered / scalar chains, a
     group's last block of <= 4 channels through the 4-channel micro-kernels), padding
@@ -286,8 +285,6 @@ def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, w
     kernel."""
     from hmath_dl._kernels import conv as K
     from hmath_dl._kernels import views as V
-    if not fuse:
-        monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
     g = np.random.default_rng(13)
     x, w = g.standard_normal(xs), g.standard_normal(ws)
     b = g.standard_normal(ws[0]) if with_bias else None
@@ -295,7 +292,8 @@ def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, w
     x5 = V.writeable5(x)
     xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
     xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
-    tiled = conv_nd(x, w, b, (1,) * len(p), p, d, groups)
+    with K.forced_path(None if fuse else "rows"):       # "rows": the row kernel on a copy
+        tiled = conv_nd(x, w, b, (1,) * len(p), p, d, groups)
     generic = np.empty_like(tiled)
     K.conv_forward(xp, V.writeable5(w), b if b is not None else np.zeros(1), b is not None,
                    groups, 1, 1, 1, *d3, V.out5(generic))
@@ -312,23 +310,21 @@ def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, w
     ((2, 2, 100), (9, 2, 4), (3,), (2,), (2,), 1),                     # 1-D, stride 3
 ])
 @pytest.mark.parametrize("fuse", [True, False])
-def test_strided_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, groups, fuse,
-                                                           monkeypatch):
+def test_strided_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, groups, fuse):
     """Strided convolutions with long output rows take the row kernel, which copies the
     stride phases of its own input windows (or, with ``fuse`` False, reads the phase
     split of :func:`pad_split`); either way the bytes of the generic direct kernel, and
     the oracle's numbers."""
     from hmath_dl._kernels import conv as K
     from hmath_dl._kernels import views as V
-    if not fuse:
-        monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
     g = np.random.default_rng(18)
     x, w, b = g.standard_normal(xs), g.standard_normal(ws), g.standard_normal(ws[0])
     p3 = V.pad3(p, 0)
     x5 = V.writeable5(x)
     xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
     xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
-    got = conv_nd(x, w, b, s, p, d, groups)
+    with K.forced_path(None if fuse else "rows"):       # "rows": the row kernel on the split
+        got = conv_nd(x, w, b, s, p, d, groups)
     assert got.shape[-1] >= 16
     generic = np.empty_like(got)
     K.conv_forward(xp, V.writeable5(w), b, True, groups, *V.pad3(s, 1), *V.pad3(d, 1),
@@ -408,50 +404,69 @@ def test_row_tiled_kernel_reports_a_single_overflowing_output(col):
     assert np.isfinite(y).all() and y.shape == (1, 6, 1, 43)
 
 
+GENERIC_CASES = """
+import numpy as np
+from hmath_dl._kernels.conv import conv_nd, conv_transpose_nd
+g = np.random.default_rng(15)
+x = g.standard_normal((2, 4, 11, 37))
+w = g.standard_normal((12, 2, 3, 3))
+b = g.standard_normal(12)
+wt = g.standard_normal((4, 5, 3, 4))
+calls = [lambda: conv_nd(x, w, b, (1, 1), (1, 1), (1, 1), 2),
+         lambda: conv_nd(x, w, None, (2, 3), (1, 0), (1, 2), 2),
+         lambda: conv_nd(x[:, :, :6, :9], w, b, (1, 1), (0, 2), (2, 1), 2),
+         lambda: conv_transpose_nd(x, wt, b[:10], (2, 2), (1, 0), (1, 1), (1, 0), 2)]
+"""
+
+
 def test_generic_kernels_alone_give_the_same_bits(monkeypatch):
-    """Without AVX-512 the register-tiled kernels are switched off; the generic kernels
-    that replace them must give the same bytes for forward (stride 1 and strided) and
-    transposed convolutions."""
-    from hmath_dl._kernels import conv as K
-    g = np.random.default_rng(15)
-    x = g.standard_normal((2, 4, 11, 37))
-    w = g.standard_normal((12, 2, 3, 3))
-    b = g.standard_normal(12)
-    wt = g.standard_normal((4, 5, 3, 4))
-    calls = [lambda: conv_nd(x, w, b, (1, 1), (1, 1), (1, 1), 2),
-             lambda: conv_nd(x, w, None, (2, 3), (1, 0), (1, 2), 2),
-             lambda: conv_nd(x[:, :, :6, :9], w, b, (1, 1), (0, 2), (2, 1), 2),
-             lambda: conv_transpose_nd(x, wt, b[:10], (2, 2), (1, 0), (1, 1), (1, 0), 2)]
-    tiled = [f() for f in calls]
-    monkeypatch.setattr(K, "tiled_kernels_enabled", lambda: False)
-    for f, t in zip(calls, tiled):
-        assert f().tobytes() == t.tobytes()
+    """Without register tiles (``HMATH_DL_KERNELS=portable``, as on a CPU without AVX2)
+    the register-tiled kernels are switched off; the generic kernels that replace them
+    must give the same bytes for forward (stride 1 and strided) and transposed
+    convolutions.  The machine policy is read once per process, so the portable kernels
+    run in a fresh interpreter."""
+    from tests.helpers import run_with_threads
+    ns = {}
+    exec(GENERIC_CASES, ns)
+    tiled = [f() for f in ns["calls"]]
+    monkeypatch.setenv("HMATH_DL_KERNELS", "portable")
+    out = run_with_threads(GENERIC_CASES + """
+import sys
+from hmath_dl._kernels import _cpu
+assert not _cpu.machine().tiled
+for f in calls:
+    sys.stdout.buffer.write(f().tobytes())
+""", 2)
+    ends = np.cumsum([0] + [t.nbytes for t in tiled])
+    assert len(out) == ends[-1]
+    for t, a, e in zip(tiled, ends[:-1], ends[1:]):
+        assert out[a:e] == t.tobytes()
 
 
 @pytest.mark.parametrize("path", ["rows", "padded copy", "split", "split, one phase"])
 @pytest.mark.parametrize("bad, where", [(np.nan, (0, 0, 0, 0)), (np.inf, (1, 2, 5, 16)),
                                         (-np.inf, (1, 1, 3, 7)), (np.nan, (0, 2, 2, 0)),
                                         (np.nan, (1, 0, 3, 1))])
-def test_nonfinite_input_raises_whatever_the_kernel_path(bad, where, path, monkeypatch):
+def test_nonfinite_input_raises_whatever_the_kernel_path(bad, where, path):
     """convolution scans x for NaN/inf after the kernel unless the kernel checked every
     element as it copied it (row tiles padding their windows; the stride-phase split with
     every phase used); a single NaN/inf anywhere must raise NonFiniteError naming x and
     its index -- also where no output reads it (rows 2 and 3 between the two dilated taps
     of "rows"; odd rows and columns of the 1x1 stride-2 "split, one phase")."""
     from hmath_dl._kernels import conv as K
-    if path == "padded copy":
-        monkeypatch.setattr(K, "_FUSE_WINDOW", 0)
     x = np.random.default_rng(17).standard_normal((2, 3, 6, 17))
     x[where] = bad
     w, opts = {"rows": (np.ones((7, 3, 2, 3)), ConvOptions(1, (1, 1), (5, 1))),
                "padded copy": (np.ones((7, 3, 2, 3)), ConvOptions(1, (1, 1), (5, 1))),
                "split": (np.ones((6, 3, 3, 3)), ConvOptions(2, 1, 1)),
                "split, one phase": (np.ones((6, 3, 1, 1)), ConvOptions(2, 0, 1))}[path]
-    with pytest.raises(NonFiniteError, match=r"^convolution: x contains .* at index %s" %
-                       re.escape(str(where))):
-        convolution(opts, x, w, None)
-    x[where] = 0.0
-    assert np.isfinite(convolution(opts, x, w, None)).all()
+    # "padded copy": the row kernel on a padded copy of x, not on windows it pads itself
+    with K.forced_path("rows" if path == "padded copy" else None):
+        with pytest.raises(NonFiniteError, match=r"^convolution: x contains .* at index %s" %
+                           re.escape(str(where))):
+            convolution(opts, x, w, None)
+        x[where] = 0.0
+        assert np.isfinite(convolution(opts, x, w, None)).all()
 
 
 @pytest.mark.parametrize("where", [0, 5, 9])
