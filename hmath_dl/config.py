@@ -26,6 +26,103 @@ variable                       default      effect
 Numba's own variables (``NUMBA_NUM_THREADS``, ``NUMBA_THREADING_LAYER``,
 ``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``, ``NUMBA_CACHE_DIR``) keep their meaning; the
 machine policy (``hmath_dl._kernels._cpu``) follows Numba's target.
+
+.. rubric:: Thresholds
+
+The sizes at which a call changes schedule (serial or parallel) or path, or a parallel
+launch is cut into tasks.  Every one changes speed only, never bits: every path and every
+schedule sums the same terms in the same order.  Each stays in the module that uses it
+(``module`` below, under ``hmath_dl``); ``thresholds()`` reads the values in force
+(``python -m hmath_dl.info --config`` prints them), and ``tests/test_config.py`` holds
+this table to the code.  Work is counted in elements unless the row says multiply-adds.
+
+=============================  =====  ======================  ================================
+name                           value  module                  decides
+=============================  =====  ======================  ================================
+*serial or parallel*
+``SERIAL_WORK``                2**17  config                  ``Kernel.sized`` /
+                                                              ``SpanKernel.run``: a call
+                                                              with less work (times the
+                                                              kernel's ``scale``) runs the
+                                                              serial path
+                                                              (``HMATH_DL_SERIAL_WORK``; the
+                                                              default is listed)
+``_FMA_PER_ELEMENT``           16     _kernels.conv           the convolution kernels'
+                                                              ``scale``: serial below
+                                                              ``SERIAL_WORK * 16``
+                                                              multiply-adds
+``_SERIAL_FMAS``               2**21  _kernels.gemm_f64       float GEMM (and its packing):
+                                                              serial below this many
+                                                              multiply-adds
+``_SERIAL_GEMM_WORK``          2**24  precision.half          ``reduced_gemm``, portable
+                                                              path: serial up to this many
+                                                              multiply-adds
+``_SERIAL_TILED_WORK``         2**21  precision.half          ``reduced_gemm``, tiled path:
+                                                              serial up to this many
+                                                              multiply-adds
+``SERIAL_QUANTIZE_ELEMENTS``   2**20  precision.quantization  quantize / dequantize: one
+                                                              Numba thread up to this many
+                                                              elements
+``SERIAL_GEMM_WORK``           2**24  precision.quantization  ``int8_gemm``: one Numba thread
+                                                              up to this many multiply-adds
+*path*
+``_FUSE_WINDOW``               2**17  _kernels.conv           forward path ``rows_fused``
+                                                              copies its own input windows
+                                                              up to this many float64
+                                                              elements, else ``rows`` on a
+                                                              padded copy / the stride-phase
+                                                              split
+``SMALL_PLANE``                64     _kernels.conv_gemm      forward path ``gemm`` for output
+                                                              planes up to this many
+                                                              positions ...
+``DEEP_TERMS``                 256    _kernels.conv_gemm      ... whose outputs have at least
+                                                              this many terms
+``POINTWISE_PLANE``            1024   _kernels.conv_gemm      with 512-bit tiles, unpadded 1x1
+                                                              kernels on planes up to this
+                                                              many positions (or strided)
+                                                              take path ``gemm`` too
+``SKINNY_MAX``                 16     precision.quantization  int8 GEMM path ``skinny`` when
+                                                              M or N is at most this
+``_KERNEL_FINITE_THRESHOLD``   2**16  _checks                 finiteness checks of arrays at
+                                                              least this large run a kernel
+                                                              (smaller: numpy)
+*tasks of a parallel launch*
+``_TASKS_PER_THREAD``          4      _kernels.gemm_f64       a parallel float GEMM is cut
+                                                              into at least this many tasks
+                                                              per thread
+``MIN_TASKS``                  8      _kernels.gemm_reduced   portable reduced GEMM: rows are
+                                                              split when there are fewer
+                                                              column panels than this ...
+``MIN_GROUP``                  16     _kernels.gemm_reduced   ... keeping at least this many
+                                                              6-row blocks per task
+``_TASKS``                     8      _kernels.gemm_reduced   tiled reduced GEMM: panels are
+                                                              halved until there are this
+                                                              many tasks
+``PLANES_PER_TASK``            16     _kernels.pool_fast      regular pooling: (n, c) planes
+                                                              per task
+``_TILES_PER_TASK``            8      _kernels.quant          int8 GEMM ``vnni``: output
+                                                              tiles per task
+``_WD_TILES_PER_TASK``         8      _kernels.quant          int8 GEMM ``pmaddwd``: output
+                                                              tiles per task
+``_SK_TASKS``                  8      _kernels.quant          int8 GEMM ``skinny``: about
+                                                              this many k ranges (tasks)
+``_ROW_POSITIONS``             192    _kernels.conv           row kernel: output positions
+                                                              per iteration (about; fewer
+                                                              while there are less than 4
+                                                              iterations per thread)
+*other*
+``_WS_MAX``                    2**23  _kernels.gemm_f64       GEMM packing workspaces up to
+                                                              this many float64 elements
+                                                              (64 MiB) are kept per thread
+                                                              and reused
+``NOTICE_AFTER``               2.0    _kernels._jit           seconds of compilation after
+                                                              which the first-run notice is
+                                                              printed
+=============================  =====  ======================  ================================
+
+A few plan tests compare with tile shapes rather than a named size (the convolution paths'
+channels per group, ``_kernels.conv.forward_path``; ``_kernels.gemm_f64.gemm`` packing
+serially when ``M*K + K*N < 2**16``); they are not listed.
 """
 
 from __future__ import annotations
@@ -33,7 +130,8 @@ from __future__ import annotations
 import os
 
 __all__ = ["KERNELS", "INT8_KERNEL", "CACHE_ENABLED", "SERIAL_WORK",
-           "MAX_ALLOC_BYTES", "QUIET", "VARIABLES", "describe"]
+           "MAX_ALLOC_BYTES", "QUIET", "VARIABLES", "describe", "THRESHOLDS", "thresholds",
+           "describe_thresholds"]
 
 
 def _int(name: str, default: int) -> int:
@@ -65,3 +163,37 @@ VARIABLES = {
 
 def describe() -> str:
     return ", ".join(f"{k}={v!r}" for k, v in VARIABLES.items())
+
+
+#: The thresholds of the table above: ``"module.NAME"`` (``module`` under ``hmath_dl``) ->
+#: the module that defines it.  Their values are read by :func:`thresholds`, which imports
+#: those modules; importing this one imports no kernel.
+THRESHOLDS = {f"{module}.{name}": module for module, names in (
+    ("config", ("SERIAL_WORK",)),
+    ("_kernels.conv", ("_FMA_PER_ELEMENT", "_FUSE_WINDOW", "_ROW_POSITIONS")),
+    ("_kernels.gemm_f64", ("_SERIAL_FMAS", "_TASKS_PER_THREAD", "_WS_MAX")),
+    ("precision.half", ("_SERIAL_GEMM_WORK", "_SERIAL_TILED_WORK")),
+    ("precision.quantization", ("SERIAL_QUANTIZE_ELEMENTS", "SERIAL_GEMM_WORK", "SKINNY_MAX")),
+    ("_kernels.conv_gemm", ("SMALL_PLANE", "DEEP_TERMS", "POINTWISE_PLANE")),
+    ("_checks", ("_KERNEL_FINITE_THRESHOLD",)),
+    ("_kernels.gemm_reduced", ("MIN_TASKS", "MIN_GROUP", "_TASKS")),
+    ("_kernels.pool_fast", ("PLANES_PER_TASK",)),
+    ("_kernels.quant", ("_TILES_PER_TASK", "_WD_TILES_PER_TASK", "_SK_TASKS")),
+    ("_kernels._jit", ("NOTICE_AFTER",)),
+) for name in names}
+
+
+def thresholds() -> dict:
+    """``"module.NAME"`` -> value in force, for every threshold of :data:`THRESHOLDS` (the
+    table "Thresholds" above); imports the modules that define them."""
+    import importlib
+    out = {}
+    for key, module in THRESHOLDS.items():
+        mod = importlib.import_module(f"{__name__.rpartition('.')[0]}.{module}")
+        out[key] = getattr(mod, key.rpartition(".")[2])
+    return out
+
+
+def describe_thresholds() -> str:
+    """The thresholds in force, one ``module.NAME=value`` list (``info --config``)."""
+    return ", ".join(f"{k}={v!r}" for k, v in thresholds().items())

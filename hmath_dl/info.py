@@ -5,10 +5,11 @@ kernel), the machine policy the kernels follow and where compiled kernels are ca
 
     hmath_dl 0.1.0 | numba 0.68.1 | threading tbb, 2 threads | kernels avx512 (...) | cache ...
 
-``--config`` adds a second line with every ``HMATH_DL_*`` variable in force
-(:mod:`hmath_dl.config`).  ``--env haswell`` (or ``generic``) prints, instead, the
-``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` assignments that make numba compile AVX2 (or
-baseline x86-64) code on this host -- ``NUMBA_CPU_NAME`` alone keeps the host's features::
+``--config`` adds a second line with every ``HMATH_DL_*`` variable in force and a third
+with every threshold (:mod:`hmath_dl.config`, "Thresholds").  ``--env haswell`` (or
+``generic``) prints, instead, the ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` assignments
+that make numba compile AVX2 (or baseline x86-64) code on this host -- ``NUMBA_CPU_NAME``
+alone keeps the host's features::
 
     env $(python -m hmath_dl.info --env haswell) python my_benchmark.py
 """
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
     if "--config" in argv:
         from . import config
         print(config.describe())
+        print(config.describe_thresholds())
     return 0
 
 
