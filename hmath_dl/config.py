@@ -1,4 +1,5 @@
-"""Every environment variable hmath_dl reads, read once, here.
+"""Every environment variable hmath_dl reads, read once, here; and the table of its
+thresholds (below).
 
 hmath_dl never writes ``os.environ``.  Each variable is read when this module is first
 imported (at ``import hmath_dl``); set it in the environment before starting Python.
