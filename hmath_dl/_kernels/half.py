@@ -215,13 +215,16 @@ def round_run(x, u, dst, d0, n, mbits, bias, st):
     mx = st[0]
     mn = st[1]
     mxa = st[2]
-    for i in range(n):
+    # unsigned indices: with a signed ``d0 + i`` Numba tests every index for a negative
+    # value to wrap, which kept this loop scalar
+    ud0 = np.uint64(d0)
+    for i in range(np.uint64(n)):
         ui = u[i]
         a = ui & _ABS64
         normal = ((a + half + ((a >> shift) & 1)) >> shift) << shift
         sub = (min(abs(x[i]), top) + magic) - magic
         mag = _as_float64(normal) if a >= normal_min else sub
-        dst[d0 + i] = -mag if ui < 0 else mag
+        dst[ud0 + i] = -mag if ui < 0 else mag
         mb = _as_int64(mag)
         mx = max(mx, mb)
         mn = min(mn, mb if mb != 0 else _NONE)
