@@ -360,6 +360,12 @@ class Kernel:
             return self.serial
         return self.parallel
 
+    def when_small(self, small):
+        """:meth:`sized` for a caller that sized the launch by its own test: the serial
+        path when ``small`` is true, else the parallel compilation (the forced schedule
+        and an unsafe fork's child still decide first)."""
+        return self.sized(0 if small else self.limit)
+
     def __call__(self, *args):
         if _threads._SERIAL_ONLY:
             return self.serial(*args)

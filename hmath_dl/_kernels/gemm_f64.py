@@ -351,13 +351,6 @@ def tile_width(N):
     return min(_T, -(-N // _VW) * _VW)
 
 
-def _sized(k, small):
-    """Kernel ``k``'s serial path when ``small`` (this module's own size tests), else its
-    parallel one -- through :meth:`~._jit.Kernel.sized`, so :func:`~._jit.forced_schedule`
-    and a child of an unsafe fork decide as for every other launch."""
-    return k.sized(0 if small else k.limit)
-
-
 def pack_a(a, packs=False):
     """``a [M, K]`` (C-contiguous, or the transpose of a C-contiguous array) packed for
     :func:`gemm_tiled` into a reused workspace; ``packs`` True: serially."""
@@ -365,9 +358,9 @@ def pack_a(a, packs=False):
     apk = _workspace("a", -(-M // _CB) * K * _CB)
     at = a.T if (not a.flags.c_contiguous and a.T.flags.c_contiguous) else None
     if at is not None:
-        _sized(_pack_at, packs)(at, apk, K)
+        _pack_at.when_small(packs)(at, apk, K)
     else:
-        _sized(_pack_a, packs)(np.ascontiguousarray(a), apk, K)
+        _pack_a.when_small(packs)(np.ascontiguousarray(a), apk, K)
     return apk
 
 
@@ -419,7 +412,7 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
             if not b.flags.c_contiguous:
                 b = np.ascontiguousarray(b)
             a = np.ascontiguousarray(a)
-            k = _sized(gemm_rows, M * N * K < _SERIAL_FMAS)
+            k = gemm_rows.when_small(M * N * K < _SERIAL_FMAS)
             if out.flags.c_contiguous:
                 k(a, b, out)
             else:
@@ -440,9 +433,9 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
     # b given as the transpose of a C-contiguous array (w.T in dense, cols.T in the
     # convolution gradient): pack from that array's rows instead of copying b first
     if not b.flags.c_contiguous and b.T.flags.c_contiguous:
-        _sized(_pack_bt, packs)(b.T, bpk, K, T)
+        _pack_bt.when_small(packs)(b.T, bpk, K, T)
     else:
-        _sized(_pack_b, packs)(np.ascontiguousarray(b), bpk, K, T)
+        _pack_b.when_small(packs)(np.ascontiguousarray(b), bpk, K, T)
     c = out if out.flags.c_contiguous else np.empty((M, N))
     bad = run_tiled(apk, bpk, 0, c.reshape(-1), 0, N, M, N, K, T, 1, bias,
                     0 if bias_axis == 0 else 1, count)

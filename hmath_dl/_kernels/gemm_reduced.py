@@ -230,18 +230,10 @@ def gemm_f32_seq(a, b, out, fused):
     return best
 
 
-def launch(k, serial):
-    """The path of the kernel ``k`` for a launch its caller sized by its own threshold
-    (``serial``: that verdict, already through :func:`._jit.runs_serial`), through the one
-    policy, :meth:`._jit.Kernel.sized`: its serial twin (the same function compiled
-    without ``parallel``: the same bits) or its parallel compilation."""
-    return k.sized(0 if serial else k.limit)
-
-
 def gemm_seq(a, b, out, fused, serial=False):
     """:func:`gemm_f32_seq` (``serial``: its serial twin, for products too small to repay
     the start of the thread pool; bitwise the same result) as a Python int."""
-    return int(launch(gemm_f32_seq, serial)(a, b, out, fused))
+    return int(gemm_f32_seq.when_small(serial)(a, b, out, fused))
 
 
 # --------------------------------------------------------------------------- tiled path
@@ -455,10 +447,11 @@ def reduced_tiled(a, b, mbits, bias, out, exact_fma, serial=False):
     the sequential-k float32 product (the module's specification, bit for bit).
 
     ``exact_fma(range_a, range_b)`` decides from the operands' rounded magnitude ranges
-    (largest, smallest non-zero or None) whether the fused kernel is exact.  Returns ``None`` when an operand holds NaN/inf or overflows in the
-    format (nothing is computed: the caller's checked path names the entry), else the
-    first flat index of a non-finite output, or NO_INDEX (-1).  ``serial``: the caller's
-    verdict that the product is too small for parallel launches (:func:`launch`)."""
+    (largest, smallest non-zero or None) whether the fused kernel is exact.  Returns
+    ``None`` when an operand holds NaN/inf or overflows in the format (nothing is
+    computed: the caller's checked path names the entry), else the first flat index of a
+    non-finite output, or NO_INDEX (-1).  ``serial``: the caller's verdict that the
+    product is too small for parallel launches (:meth:`._jit.Kernel.when_small`)."""
     from .gemm_f64 import _workspace
     M, K = a.shape
     N = b.shape[1]
@@ -466,13 +459,13 @@ def reduced_tiled(a, b, mbits, bias, out, exact_fma, serial=False):
     stats_a = np.empty(3, dtype=np.int64)
     stats_b = np.empty(3, dtype=np.int64)
     apk = _workspace("a32", Mp * K, np.float32)
-    if launch(round_pack_a, serial)(a, apk, mbits, bias, stats_a):
+    if round_pack_a.when_small(serial)(a, apk, mbits, bias, stats_a):
         return None
     bpk = _workspace("b32", Np * K, np.float32)
-    if launch(round_pack_b, serial)(b, bpk, T, mbits, bias, stats_b):
+    if round_pack_b.when_small(serial)(b, bpk, T, mbits, bias, stats_b):
         return None
     c = _workspace("c32", Mp * Np, np.float32)
     mags = stats_a[:2].view(np.float64), stats_b[:2].view(np.float64)
     fused = bool(exact_fma(*((float(m[0]), None if st[1] == _NONE else float(m[1]))
                              for m, st in zip(mags, (stats_a, stats_b)))))
-    return int(launch(gemm_f32_tiled, serial)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))
+    return int(gemm_f32_tiled.when_small(serial)(apk, bpk, c, K, Np, T, bpp, tpp, fused, out))
