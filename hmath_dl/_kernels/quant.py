@@ -93,12 +93,16 @@ def _minmax_run(x, f0, f1, lo, hi):
     h1 = hi
     h2 = hi
     h3 = hi
-    f4 = f0 + ((f1 - f0) // 4) * 4
-    for f in range(f0, f4, 4):
+    # unsigned indices throughout (this module): with a signed start Numba tests every
+    # index for a negative value to wrap, which keeps the loops scalar
+    one = np.uint64(1)
+    uf0 = np.uint64(f0)
+    uf4 = np.uint64(f0 + ((f1 - f0) // 4) * 4)
+    for f in range(uf0, uf4, np.uint64(4)):
         v0 = x[f]
-        v1 = x[f + 1]
-        v2 = x[f + 2]
-        v3 = x[f + 3]
+        v1 = x[f + one]
+        v2 = x[f + np.uint64(2)]
+        v3 = x[f + np.uint64(3)]
         l0 = min(l0, v0)
         l1 = min(l1, v1)
         l2 = min(l2, v2)
@@ -107,7 +111,7 @@ def _minmax_run(x, f0, f1, lo, hi):
         h1 = max(h1, v1)
         h2 = max(h2, v2)
         h3 = max(h3, v3)
-    for f in range(f4, f1):
+    for f in range(uf4, np.uint64(f1)):
         l0 = min(l0, x[f])
         h0 = max(h0, x[f])
     return min(min(l0, l1), min(l2, l3)), max(max(h0, h1), max(h2, h3))
@@ -189,7 +193,7 @@ def quant_params_tensor(x, symmetric, scales, zps):
 @helper
 def _quant_run(x, out, f0, f1, s, z, qlo):
     """``out[f] = clip(rne(x[f] / s) + z, qlo, 127)`` for ``f0 <= f < f1`` (one scale)."""
-    for f in range(f0, f1):
+    for f in range(np.uint64(f0), np.uint64(f1)):
         v = np.rint(x[f] / s) + z
         if v < qlo:
             v = qlo
@@ -202,8 +206,9 @@ def _quant_run(x, out, f0, f1, s, z, qlo):
 def _quant_run_channels(x, out, f0, f1, c0, scales, zps, qlo):
     """Like ``_quant_run`` when consecutive elements are consecutive channels
     (``inner == 1``): element ``f`` uses channel ``c0 + f - f0``."""
-    for f in range(f0, f1):
-        c = c0 + f - f0
+    uc = np.uint64(c0) - np.uint64(f0)        # (mod 2**64: c = f + c0 - f0 >= 0)
+    for f in range(np.uint64(f0), np.uint64(f1)):
+        c = f + uc
         v = np.rint(x[f] / scales[c]) + np.float64(zps[c])
         if v < qlo:
             v = qlo
@@ -252,13 +257,14 @@ def _dequant_run(q, out, f0, f1, c0, step, scales, zps):
     if step == 0:
         s = scales[c0]
         z = np.int32(zps[c0])
-        for f in range(f0, f1):
+        for f in range(np.uint64(f0), np.uint64(f1)):
             v = s * np.float64(np.int32(q[f]) - z)
             out[f] = v
             bad |= (v - v) != 0.0
         return bad
-    for f in range(f0, f1):
-        c = c0 + f - f0
+    uc = np.uint64(c0) - np.uint64(f0)        # (mod 2**64: c = f + c0 - f0 >= 0)
+    for f in range(np.uint64(f0), np.uint64(f1)):
+        c = f + uc
         v = scales[c] * np.float64(np.int32(q[f]) - np.int32(zps[c]))
         out[f] = v
         bad |= (v - v) != 0.0
