@@ -87,7 +87,7 @@ import types as _pytypes
 import numpy as np
 from numba import njit, prange
 
-from ._jit import helper, kernel
+from ._jit import helper, kernel, runs_serial
 from .checks import span_finite
 from .status import NONFINITE_INPUT, OK, OVERFLOW
 from .libm import (SIGMOID_FAST_BOUND, SOFTPLUS_FAST_BOUND, _bits, _float, _ROUND_BITS,
@@ -979,33 +979,39 @@ def apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat):
 from ._serial import SERIAL_WORK  # noqa: E402
 
 
+def _small(n):
+    """Whether a call of ``n`` elements runs the serial twin: below ``SERIAL_WORK``, unless
+    :func:`._jit.forced_schedule` says otherwise (the package's one policy)."""
+    return runs_serial(n < SERIAL_WORK)
+
+
 def sized_forward(n):
     """``activation_forward`` or its serial twin for ``n`` elements."""
-    return activation_forward_serial if n < SERIAL_WORK else activation_forward
+    return activation_forward_serial if _small(n) else activation_forward
 
 
 def sized_derivative(n):
     """``activation_derivative`` or its serial twin for ``n`` elements."""
-    return activation_derivative_serial if n < SERIAL_WORK else activation_derivative
+    return activation_derivative_serial if _small(n) else activation_derivative
 
 
 def sized_forward_derivative(n):
     """``activation_forward_derivative`` or its serial twin for ``n`` elements."""
-    return (activation_forward_derivative_serial if n < SERIAL_WORK
+    return (activation_forward_derivative_serial if _small(n)
             else activation_forward_derivative)
 
 
 def sized_forward_param(n):
     """``activation_forward_param`` or its serial twin for ``n`` elements."""
-    return activation_forward_param_serial if n < SERIAL_WORK else activation_forward_param
+    return activation_forward_param_serial if _small(n) else activation_forward_param
 
 
 def sized_derivative_param(n):
     """``activation_derivative_param`` or its serial twin for ``n`` elements."""
-    return activation_derivative_param_serial if n < SERIAL_WORK else activation_derivative_param
+    return activation_derivative_param_serial if _small(n) else activation_derivative_param
 
 
 def sized_forward_derivative_param(n):
     """``activation_forward_derivative_param`` or its serial twin for ``n`` elements."""
-    return (activation_forward_derivative_param_serial if n < SERIAL_WORK
+    return (activation_forward_derivative_param_serial if _small(n)
             else activation_forward_derivative_param)

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _checks
 from .._kernels import quant as _kq
+from .._kernels._jit import Kernel
 from .._kernels._plan import forcing
 from .._kernels.status import NO_INDEX
 from ..errors import DomainError, ShapeError
@@ -147,23 +148,21 @@ class QuantizedTensor:
                 f"zero_points={head(self._zero_points)})")
 
 
-@contextlib.contextmanager
-def _threads_for(work, limit):
-    """Run the enclosed kernel calls on one numba thread when ``work <= limit``
-    (``numba.set_num_threads`` is thread-local and restored afterwards)."""
-    if work > limit:
-        yield
-        return
-    import numba
-    prev = numba.get_num_threads()
-    if prev == 1:
-        yield
-        return
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(prev)
+class _Launch:
+    """The kernels of one call, each on its serial path when the call is ``small`` (the
+    caller's own size test): ``_Launch(small).name`` is ``_kq.name`` through
+    :meth:`~hmath_dl._kernels._jit.Kernel.when_small`, so the package's one serial/parallel
+    policy (and :func:`~hmath_dl._kernels._jit.forced_schedule`) decides; helpers pass
+    through unchanged."""
+
+    __slots__ = ("small",)
+
+    def __init__(self, small):
+        self.small = bool(small)
+
+    def __getattr__(self, name):
+        k = getattr(_kq, name)
+        return k.when_small(self.small) if isinstance(k, Kernel) else k
 
 
 def _layout(shape, axis):
@@ -229,26 +228,24 @@ def quantize(mode, axis, x) -> QuantizedTensor:
     if axis is not None:
         _checks.integer(fname, "axis", axis)
     arr = _checks.tensor(fname, "x", x, nonempty=True, finite=False)
-    with _threads_for(arr.size, SERIAL_QUANTIZE_ELEMENTS):
-        _checks.require_finite(fname, "x", arr)
+    _checks.require_finite(fname, "x", arr)
     ax = None if axis is None else _checks.axis(fname, "axis", axis, arr.ndim)
     outer, nch, inner = _layout(arr.shape, ax)
     flat = arr.reshape(-1)
     symmetric = mode is Quantization.SYMMETRIC
     scales = _checks.alloc(fname, (nch,), np.float64)
     zps = _checks.alloc(fname, (nch,), np.int64)
-    with _threads_for(flat.size, SERIAL_QUANTIZE_ELEMENTS):
-        if ax is None:
-            bad = int(_kq.quant_params_tensor(flat, symmetric, scales, zps))
-        else:
-            bad = int(_kq.quant_params_axis(flat, outer, nch, inner, symmetric, scales, zps))
+    kern = _Launch(flat.size <= SERIAL_QUANTIZE_ELEMENTS)
+    if ax is None:
+        bad = int(kern.quant_params_tensor(flat, symmetric, scales, zps))
+    else:
+        bad = int(kern.quant_params_axis(flat, outer, nch, inner, symmetric, scales, zps))
     _checks.finish(fname, _checks.located(bad), overflow=lambda i, code: (
         f"the scale of {'the tensor' if ax is None else f'slice {i} along axis {ax}'} is "
         f"{float(scales[i])!r} (expected a finite scale >= {_TINY!r}; the values are too "
         f"small or their range too large to quantize)"))
     values = _checks.alloc(fname, arr.shape, np.int8)
-    with _threads_for(flat.size, SERIAL_QUANTIZE_ELEMENTS):
-        _kq.quantize_apply(flat, nch, inner, symmetric, scales, zps, values.reshape(-1))
+    kern.quantize_apply(flat, nch, inner, symmetric, scales, zps, values.reshape(-1))
     return QuantizedTensor(mode, ax, _checks.readonly(values), _checks.readonly(scales),
                            _checks.readonly(zps))
 
@@ -278,9 +275,9 @@ def dequantize(q) -> np.ndarray:
     values = q._values
     _, nch, inner = _layout(values.shape, q.axis)
     out = _checks.alloc(fname, values.shape, np.float64)
-    with _threads_for(values.size, SERIAL_QUANTIZE_ELEMENTS):
-        bad = int(_kq.dequantize_apply(values.reshape(-1), nch, inner, q._scales,
-                                       q._zero_points, out.reshape(-1)))
+    kern = _Launch(values.size <= SERIAL_QUANTIZE_ELEMENTS)
+    bad = int(kern.dequantize_apply(values.reshape(-1), nch, inner, q._scales,
+                                  q._zero_points, out.reshape(-1)))
     return _checks.finish(fname, _checks.located(bad), out=out, overflow=lambda f, code: (
         f"the decoded value at index {tuple(int(i) for i in np.unravel_index(f, values.shape))} "
         f"is not finite (got {float(out.reshape(-1)[f])!r})"))
@@ -513,25 +510,25 @@ def int8_gemm(a, b) -> np.ndarray:
     path = gemm_path(m, k, n)
     # the skinny path is memory-bound: its work is the bytes of the large operand
     work = 16 * k * max(m, n) if path == "skinny" else m * k * n
-    with _threads_for(work, SERIAL_GEMM_WORK):
-        if path == "vnni":
-            first_acc, first_fin = _gemm_vnni(fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb,
-                                              out)
-        elif path == "pmaddwd":
-            first_acc, first_fin = _gemm_pmaddwd(fname, qa, qb, m, k, n, ra, cb, za, zb, sa,
-                                                 sb, out)
-        elif path == "skinny":
-            first_acc, first_fin = _gemm_skinny(fname, qa, qb, m, k, n, za, zb, sa, sb, out)
-        else:
-            _kq.row_sums(qa, ra)
-            _kq.col_sums(qb, cb)
-            qbt = _checks.alloc(fname, (n, k), np.int8)
-            _kq.transpose_i8(qb, qbt)
-            bad_acc = np.empty(m, dtype=np.int64)
-            bad_fin = np.empty(m, dtype=np.int64)
-            _kq.gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
-            first_acc = _first_flat(bad_acc, n)
-            first_fin = _first_flat(bad_fin, n)
+    kern = _Launch(work <= SERIAL_GEMM_WORK)
+    if path == "vnni":
+        first_acc, first_fin = _gemm_vnni(kern, fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb,
+                                          out)
+    elif path == "pmaddwd":
+        first_acc, first_fin = _gemm_pmaddwd(kern, fname, qa, qb, m, k, n, ra, cb, za, zb, sa,
+                                             sb, out)
+    elif path == "skinny":
+        first_acc, first_fin = _gemm_skinny(kern, fname, qa, qb, m, k, n, za, zb, sa, sb, out)
+    else:
+        kern.row_sums(qa, ra)
+        kern.col_sums(qb, cb)
+        qbt = _checks.alloc(fname, (n, k), np.int8)
+        kern.transpose_i8(qb, qbt)
+        bad_acc = np.empty(m, dtype=np.int64)
+        bad_fin = np.empty(m, dtype=np.int64)
+        kern.gemm_portable(qa, qbt, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+        first_acc = _first_flat(bad_acc, n)
+        first_fin = _first_flat(bad_fin, n)
     # an accumulator leaving int32 is reported before a non-finite result
     _checks.finish(fname, _checks.located(first_acc),
                    overflow=lambda f, code: _accumulator_overflow(qa, qb, za, zb, n, f))
@@ -559,47 +556,47 @@ def _task_first(bad):
     return NO_INDEX if first >= int(_kq._NO_INDEX) else first
 
 
-def _gemm_vnni(fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb, out):
+def _gemm_vnni(kern, fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb, out):
     mr, nr = _kq._MR, _kq._NR
     mp = -(-m // mr) * mr
     np_ = -(-n // nr) * nr
     kp = -(-k // 4) * 4
     ap = _checks.alloc(fname, (mp * kp,), np.uint8)
     bp = _checks.alloc(fname, (np_ * kp,), np.int8)
-    _kq.pack_a_u8(qa, mp, kp, ap, ra)
-    _kq.pack_b_vnni(qb, np_, kp, bp.view(np.uint32), cb)
+    kern.pack_a_u8(qa, mp, kp, ap, ra)
+    kern.pack_b_vnni(qb, np_, kp, bp.view(np.uint32), cb)
     ntiles = (mp // mr) * (np_ // nr)
     ntask = -(-ntiles // _kq._TILES_PER_TASK)
     bad_acc = np.empty(ntask, dtype=np.int64)
     bad_fin = np.empty(ntask, dtype=np.int64)
-    _kq.gemm_vnni(ap, bp, m, n, k, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+    kern.gemm_vnni(ap, bp, m, n, k, mp, np_, kp, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
     return _task_first(bad_acc), _task_first(bad_fin)
 
 
-def _gemm_pmaddwd(fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb, out):
+def _gemm_pmaddwd(kern, fname, qa, qb, m, k, n, ra, cb, za, zb, sa, sb, out):
     mr, nr = _kq._WD_MR, _kq._WD_NR
     mp = -(-m // mr) * mr
     np_ = -(-n // nr) * nr
     kq = -(-k // 2)
     ap = _checks.alloc(fname, (mp * kq * 2,), np.int16)
     bp = _checks.alloc(fname, (np_ * kq * 2,), np.int16)
-    _kq.pack_a_wd(qa, mp, kq, ap, ra)
+    kern.pack_a_wd(qa, mp, kq, ap, ra)
     if 2 * kq != k or np_ != n:
         qbpad = _checks.alloc(fname, (2 * kq, np_), np.int8)
         qbpad[...] = 0
         qbpad[:k, :n] = qb
     else:
         qbpad = np.zeros((0, np_), dtype=np.int8)
-    _kq.pack_b_wd(qb, qbpad, np_, kq, bp, cb)
+    kern.pack_b_wd(qb, qbpad, np_, kq, bp, cb)
     ntiles = (mp // mr) * (np_ // nr)
     ntask = -(-ntiles // _kq._WD_TILES_PER_TASK)
     bad_acc = np.empty(ntask, dtype=np.int64)
     bad_fin = np.empty(ntask, dtype=np.int64)
-    _kq.gemm_wd(ap, bp, m, n, k, mp, np_, kq, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+    kern.gemm_wd(ap, bp, m, n, k, mp, np_, kq, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
     return _task_first(bad_acc), _task_first(bad_fin)
 
 
-def _skinny_sums(fname, rows, wide, ones):
+def _skinny_sums(kern, fname, rows, wide, ones):
     """``(S, sums)``: ``S[r, j] = sum_k rows[r, k] * wide[k, j]`` exactly (int64, plus a
     last row of column sums of ``wide`` when ``ones``) and the row sums of ``rows``."""
     r, k = rows.shape
@@ -608,7 +605,7 @@ def _skinny_sums(fname, rows, wide, ones):
     ap = _checks.alloc(fname, (nrows, k // 2), np.int32)
     alast = np.empty(nrows, dtype=np.int64)
     sums = np.empty(r, dtype=np.int64)
-    _kq.pack_a_pairs(rows, ones, ap, alast, sums)
+    kern.pack_a_pairs(rows, ones, ap, alast, sums)
     tw = _kq._SK_TW
     tail = w % tw
     if tail:
@@ -618,16 +615,16 @@ def _skinny_sums(fname, rows, wide, ones):
     else:
         btail = np.zeros((0, tw), dtype=np.int8)
     s64 = _checks.alloc(fname, (nrows, w), np.int64)
-    _kq.gemm_skinny(ap, alast, wide, btail, k, s64)
+    kern.gemm_skinny(ap, alast, wide, btail, k, s64)
     return s64, sums
 
 
-def _gemm_skinny(fname, qa, qb, m, k, n, za, zb, sa, sb, out):
+def _gemm_skinny(kern, fname, qa, qb, m, k, n, za, zb, sa, sb, out):
     if m <= n or m <= SKINNY_MAX:
         # rows of A against B in place; the ones row gives B's column sums (needed only
         # when some za != 0)
         ones = bool(np.any(za != 0))
-        s64, ra = _skinny_sums(fname, qa, qb, ones)
+        s64, ra = _skinny_sums(kern, fname, qa, qb, ones)
         cb = s64[m].copy() if ones else np.zeros(n, dtype=np.int64)
         s = s64[:m] if ones else s64
     else:
@@ -636,14 +633,14 @@ def _gemm_skinny(fname, qa, qb, m, k, n, za, zb, sa, sb, out):
         ones = bool(np.any(zb != 0))
         qbt = np.ascontiguousarray(qb.T)
         qat = _checks.alloc(fname, (k, m), np.int8)
-        _kq.transpose_i8(qa, qat)
-        s64, cb = _skinny_sums(fname, qbt, qat, ones)
+        kern.transpose_i8(qa, qat)
+        s64, cb = _skinny_sums(kern, fname, qbt, qat, ones)
         ra = s64[n].copy() if ones else np.zeros(m, dtype=np.int64)
         s = np.ascontiguousarray(s64[:n].T)
     s = np.ascontiguousarray(s)
     bad_acc = np.empty(m, dtype=np.int64)
     bad_fin = np.empty(m, dtype=np.int64)
-    _kq.finish_s(s, m, k, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
+    kern.finish_s(s, m, k, ra, cb, za, zb, sa, sb, out, bad_acc, bad_fin)
     return _first_flat(bad_acc, n), _first_flat(bad_fin, n)
 
 
