@@ -346,16 +346,23 @@ def test_reduced_gemm_no_fused_multiply_add():
 
 
 @pytest.mark.parametrize("p", [FP16, BF16])
-def test_fused_and_separate_kernels_agree_bitwise(p, monkeypatch):
+def test_fused_and_separate_kernels_agree_bitwise(p):
     # the exact-FMA fast path must be invisible: same bits as the separate multiply/add
     import hmath_dl.precision.half as half_mod
     rng = np.random.default_rng(21)
     a = rng.standard_normal((20, 333)) * np.exp2(rng.uniform(-12, 12, (20, 333)))
     b = rng.standard_normal((333, 75)) * np.exp2(rng.uniform(-12, 12, (333, 75)))
     fused = reduced_gemm(p, a, b)
-    monkeypatch.setattr(half_mod, "ALLOW_EXACT_FMA", False)
-    separate = reduced_gemm(p, a, b)
+    with half_mod.forced_arithmetic("separate"):
+        separate = reduced_gemm(p, a, b)
     assert same_bits(fused, separate)
+    ranges = ((2.0, 0.5), (3.0, 0.25))      # products provably exact in float32
+    assert half_mod._products_exact(*ranges)
+    with half_mod.forced_arithmetic("separate"):
+        assert not half_mod._products_exact(*ranges)
+    with pytest.raises(ValueError):
+        with half_mod.forced_arithmetic("fast"):
+            pass
     expect, _ = _oracle_gemm(p, a[:4], b)
     assert same_bits(fused[:4], expect)
 

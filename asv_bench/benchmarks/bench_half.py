@@ -44,14 +44,14 @@ class ReducedGemmSeparateMulAdd:
 
     def setup(self, n):
         import hmath_dl.precision.half as half_mod
-        self.mod = half_mod
         self.a = normal((n, n), 1)
         self.b = normal((n, n), 2)
-        self.mod.ALLOW_EXACT_FMA = False
+        self.forced = half_mod.forced_arithmetic("separate")
+        self.forced.__enter__()
         reduced_gemm(Precision.BF16, self.a, self.b)
 
     def teardown(self, n):
-        self.mod.ALLOW_EXACT_FMA = True
+        self.forced.__exit__(None, None, None)
 
     def time_reduced_gemm_separate(self, n):
         reduced_gemm(Precision.BF16, self.a, self.b)

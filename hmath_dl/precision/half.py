@@ -257,15 +257,31 @@ def _decode_magnitudes(precision, patterns):
 # fma(a, b, acc) == fl32(acc + fl32(a * b)) bit for bit, and the fused kernel is used.
 _F32_MIN_NORMAL = 2.0 ** -126
 _F32_OVERFLOW = 2.0 ** 128
-ALLOW_EXACT_FMA = True
+#: The reduced-GEMM arithmetics (speed only: the same bits): ``fused`` (the exact-FMA
+#: kernel wherever every product is provably exact, else ``separate``) and ``separate``
+#: (always the separate float32 multiply and add).
+ARITHMETICS = ("fused", "separate")
+_forced_arith = {"arithmetic": None}
 # multiply-adds up to which reduced_gemm runs its serial kernels (same bits as the parallel
 # ones): the portable path, and the tiled path (whose tasks are cheaper to start)
 _SERIAL_GEMM_WORK = 1 << 24
 _SERIAL_TILED_WORK = 1 << 21
 
 
+@contextlib.contextmanager
+def forced_arithmetic(name):
+    """Within the block, :func:`reduced_gemm` uses the arithmetic ``name`` (one of
+    :data:`ARITHMETICS`; ``None`` or ``"fused"`` restore the plan), for the tests that
+    hold the exact-FMA kernel to the separate multiply/add one bit for bit.  Any other
+    name raises ``ValueError``."""
+    if name is not None and name not in ARITHMETICS:
+        raise ValueError(f"reduced GEMM arithmetic {name!r} is not one of {ARITHMETICS}")
+    with forcing(_forced_arith, "arithmetic", name):
+        yield
+
+
 def _products_exact(range_a, range_b) -> bool:
-    if not ALLOW_EXACT_FMA:
+    if _forced_arith["arithmetic"] == "separate":
         return False
     (hi_a, lo_a), (hi_b, lo_b) = range_a, range_b
     if lo_a is None or lo_b is None:          # an all-zero operand: every product is +-0
