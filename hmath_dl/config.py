@@ -82,6 +82,17 @@ name                           value  module                  decides
                                                               kernels on planes up to this
                                                               many positions (or strided)
                                                               take path ``gemm`` too
+``_MAX_POSITIONS``             49     _kernels.conv_batch     forward path ``batch`` (one GEMM
+                                                              over the batch, batch index
+                                                              innermost) for output planes up
+                                                              to this many positions ...
+``_MIN_TERMS``                 64     _kernels.conv_batch     ... whose outputs have at least
+                                                              this many terms ...
+``_MIN_COLUMNS``               64     _kernels.conv_batch     ... and P*N at least this many
+                                                              columns (the input gradient too)
+``_GRAD_MAX_POSITIONS``        64     _kernels.conv_batch     the input gradient takes the
+                                                              batch path for planes up to
+                                                              this many positions
 ``SKINNY_MAX``                 16     precision.quantization  int8 GEMM path ``skinny`` when
                                                               M or N is at most this
 ``_KERNEL_FINITE_THRESHOLD``   2**16  _checks                 finiteness checks of arrays at
@@ -176,6 +187,8 @@ THRESHOLDS = {f"{module}.{name}": module for module, names in (
     ("precision.half", ("_SERIAL_GEMM_WORK", "_SERIAL_TILED_WORK")),
     ("precision.quantization", ("SERIAL_QUANTIZE_ELEMENTS", "SERIAL_GEMM_WORK", "SKINNY_MAX")),
     ("_kernels.conv_gemm", ("SMALL_PLANE", "DEEP_TERMS", "POINTWISE_PLANE")),
+    ("_kernels.conv_batch", ("_MAX_POSITIONS", "_MIN_TERMS", "_MIN_COLUMNS",
+                             "_GRAD_MAX_POSITIONS")),
     ("_checks", ("_KERNEL_FINITE_THRESHOLD",)),
     ("_kernels.gemm_reduced", ("MIN_TASKS", "MIN_GROUP", "_TASKS")),
     ("_kernels.pool_fast", ("PLANES_PER_TASK",)),

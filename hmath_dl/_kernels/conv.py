@@ -60,7 +60,7 @@ import numpy as np
 import numba
 from numba import prange
 
-from . import _cpu, conv_gemm, views
+from . import _cpu, conv_batch, conv_gemm, views
 from ._jit import helper, kernel, span_kernel
 from ._plan import forcing
 
@@ -1060,7 +1060,7 @@ for _a in (_ONES3, _ZEROS1, _ZEROS3, _NO_OFFS):
 
 
 #: Forward paths, fastest first where they apply (see :func:`forward_path`).
-FORWARD_PATHS = ("gemm", "rows_fused", "rows", "wide", "generic")
+FORWARD_PATHS = ("batch", "gemm", "rows_fused", "rows", "wide", "generic")
 _forced = {"forward": None}
 
 
@@ -1080,6 +1080,8 @@ def _applicable_forward(Cog, OW, tiled):
     """Forward paths whose kernels can compute this shape (the window size of
     ``rows_fused`` is checked at launch)."""
     out = []
+    if conv_batch.applies(Cog, tiled):
+        out.append("batch")
     if conv_gemm.applies(Cog, tiled):
         out.append("gemm")
     if tiled and Cog >= _ROW_CB and OW > 0:
@@ -1089,12 +1091,14 @@ def _applicable_forward(Cog, OW, tiled):
     return out + ["generic"]
 
 
-def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=None):
+def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=None, N=None):
     """The plan: which forward kernel a convolution with ``Cog`` output / ``Cg`` input
     channels per group, kernel extent ``K3``, output rows of ``OW`` positions (zero
     padding when ``padded``) runs (every path gives the same bits; the choice is speed
     only, tuned per tile set):
 
+    * ``batch`` (:func:`.conv_batch.forward`, one GEMM over the whole batch ``N``, batch
+      index innermost): small output planes ``O`` where :func:`.conv_batch.usable` says so;
     * ``gemm`` (:func:`.conv_gemm.conv_gemm`, the unfolded input times the weights):
       where :func:`.conv_gemm.preferred` says so for the kernel extents and the output
       extents ``O`` (deep kernels on small output planes; with 512-bit tiles also
@@ -1116,6 +1120,10 @@ def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=
         return forced if forced in ok else "generic"
     if not tiled:
         return "generic"
+    if (O is not None and N is not None
+            and conv_batch.usable(Cog, Cg * K3[0] * K3[1] * K3[2], O[0] * O[1] * O[2], N,
+                                  tiled)):
+        return "batch"
     if "gemm" in ok and O is not None and conv_gemm.preferred(Cg, K3, O, strided_or_padded,
                                                               padded, _WIDE512):
         return "gemm"
@@ -1145,7 +1153,10 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     S, K3 = x5.shape[2:], w5.shape[2:]
     OD, OH, OW = out5.shape[2:]
     strided_or_padded = bool(any(pads) or s != (1, 1, 1))
-    path = forward_path(Cog, Cg, K3, OW, strided_or_padded, padded=any(pads), O=(OD, OH, OW))
+    path = forward_path(Cog, Cg, K3, OW, strided_or_padded, padded=any(pads), O=(OD, OH, OW),
+                        N=out5.shape[0])
+    if path == "batch":
+        return conv_batch.forward(x5, w5, b, has_bias, groups, s, d, pads, out5), None
     if path == "gemm":
         ok, x_ok = conv_gemm.conv_gemm(x5, w5, b, has_bias, groups, s, d, pads, out5)
         return bool(ok), x_ok
