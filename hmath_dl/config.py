@@ -86,7 +86,7 @@ name                           value  module                  decides
                                                               over the batch, batch index
                                                               innermost) for output planes up
                                                               to this many positions ...
-``_MIN_TERMS``                 64     _kernels.conv_batch     ... whose outputs have at least
+``_MIN_TERMS``                 256    _kernels.conv_batch     ... whose outputs have at least
                                                               this many terms ...
 ``_MIN_COLUMNS``               64     _kernels.conv_batch     ... and P*N at least this many
                                                               columns (the input gradient too)

@@ -164,15 +164,16 @@ def test_batch_input_gradient_is_the_im2col_path_and_the_oracle(xs, ws, s, p, d,
 @needs_tiles
 def test_the_plan_takes_the_batch_path_on_small_planes_with_enough_columns():
     fp = K.forward_path
-    assert fp(32, 16, (1, 3, 3), 4, True, O=(1, 4, 4), N=64) == "batch"
-    assert fp(32, 16, (1, 3, 3), 4, True, O=(1, 4, 4), N=2) != "batch"     # 32 columns
-    assert fp(32, 16, (1, 3, 3), 28, True, O=(1, 28, 28), N=64) != "batch"  # large plane
-    assert fp(32, 16, (1, 3, 3), 8, True, O=(1, 8, 8), N=64) != "batch"     # 8x8 plane
-    assert fp(32, 1, (1, 3, 3), 4, True, O=(1, 4, 4), N=64) != "batch"      # 9 terms
+    assert fp(64, 64, (1, 3, 3), 4, True, O=(1, 4, 4), N=64) == "batch"
     assert fp(512, 512, (1, 3, 3), 7, True, O=(1, 7, 7), N=8) == "batch"
-    assert fp(5, 16, (1, 3, 3), 4, True, O=(1, 4, 4), N=64) != "batch"     # < 6 channels
-    assert fp(32, 16, (1, 3, 3), 4, True, O=(1, 4, 4)) != "batch"          # batch unknown
-    assert conv_batch.usable(6, 64, 49, 2, True) and not conv_batch.usable(6, 64, 49, 2, False)
+    assert fp(64, 64, (1, 3, 3), 4, True, O=(1, 4, 4), N=2) != "batch"     # 32 columns
+    assert fp(64, 64, (1, 3, 3), 28, True, O=(1, 28, 28), N=64) != "batch"  # large plane
+    assert fp(64, 64, (1, 3, 3), 8, True, O=(1, 8, 8), N=64) != "batch"     # 8x8 plane
+    assert fp(32, 16, (1, 3, 3), 4, True, O=(1, 4, 4), N=64) != "batch"     # 144 terms
+    assert fp(5, 64, (1, 3, 3), 4, True, O=(1, 4, 4), N=64) != "batch"      # < 6 channels
+    assert fp(64, 64, (1, 3, 3), 4, True, O=(1, 4, 4)) != "batch"           # batch unknown
+    assert conv_batch.usable(6, 256, 49, 2, True)
+    assert not conv_batch.usable(6, 256, 49, 2, False)
     assert conv_batch.grad_usable(6, 64, 1, True) and not conv_batch.grad_usable(5, 64, 1, True)
 
 
@@ -196,8 +197,9 @@ def test_batch_path_errors_and_inputs_untouched():
 
 @needs_tiles
 def test_convolution_ad_input_gradient_through_the_batch_path():
-    """The autodiff's input gradient (which takes the batch path for this shape) is the
-    im2col path's bits, and the forward value every path's."""
+    """The autodiff's input gradient (which takes the batch path for this shape, the
+    small CNN's second convolution) is the im2col path's bits, and the forward value
+    every path's."""
     xs, ws = (64, 16, 4, 4), (32, 16, 3, 3)
     x, w, b, g, geo = _setup(xs, ws, (1, 1), (1, 1), (1, 1), seed=9)
     opts = L.ConvOptions((1, 1), (1, 1), (1, 1), 1)

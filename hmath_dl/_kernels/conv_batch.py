@@ -33,7 +33,7 @@ from .conv_wgrad import _offsets
 
 _MAX_POSITIONS = 49      # output planes up to this many positions (7x7) take this path
 _MIN_COLUMNS = 64        # ... when P*N gives at least this many GEMM columns
-_MIN_TERMS = 64          # ... and each output sums at least this many terms (Cg*K)
+_MIN_TERMS = 256         # ... and each output sums at least this many terms (Cg*K)
 _GRAD_MAX_POSITIONS = 64  # the input gradient: planes up to 8x8 (col2im's rows are short)
 
 
@@ -47,9 +47,10 @@ def usable(cog, terms, P, N, tiled):
     """Whether this path is the plan for the forward convolution with ``cog`` output
     channels per group, ``terms = Cg*K`` terms per output, ``P`` output positions per
     image and a batch of ``N`` (register tiles, one 6-row block of output channels, small
-    planes, enough columns, enough terms; measured: 3x3 16->32 @4x4 batch 64 ties with
-    the wide kernel, 128->128 @7 batch 8 is 1.3x the per-image GEMM, 8x8 planes and
-    3-channel inputs are faster on the row kernel)."""
+    planes, enough columns, enough terms; measured on one core: 3x3 512->512 @7 batch 8
+    1.2x (AVX-512) / 1.4x (AVX2) the per-image GEMM, 128->128 @7 1.3x / 1.5x; 3x3
+    16->32 @4x4 batch 64 (144 terms) ties with the wide kernel on AVX-512 and is 0.9x
+    on AVX2; 8x8 planes and few terms are faster on the row kernel)."""
     return (applies(cog, tiled) and 0 < P <= _MAX_POSITIONS and P * N >= _MIN_COLUMNS
             and terms >= _MIN_TERMS)
 
