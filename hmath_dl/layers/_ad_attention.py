@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autodiff.core import make_node, vjp_of
-from ._ad_common import _ad, _c, _named
+from ..autodiff.core import vjp_of
+from ._ad_common import _c, differentiable
 
 
 # =========================================================================== attention
+@differentiable("q", "k", "v")
 def scaled_dot_product_attention_ad(q, k, v, mask=None, *, scale=None, is_causal=False,
                                     enable_gqa=False):
     """Differentiable :func:`~hmath_dl.layers.scaled_dot_product_attention` (no bias):
@@ -46,16 +47,10 @@ def scaled_dot_product_attention_ad(q, k, v, mask=None, *, scale=None, is_causal
         ``scaled_dot_product_attention_ad:``.
     """
     from .attention import scaled_dot_product_attention
-    fname = "scaled_dot_product_attention_ad"
-    q = _ad(fname, "q", q)
-    k = _ad(fname, "k", k)
-    v = _ad(fname, "v", v)
-    with _named(fname):
-        out, weights = scaled_dot_product_attention(q.value, k.value, v.value, mask, scale=scale,
-                                                    is_causal=is_causal, enable_gqa=enable_gqa)
+    out, weights = scaled_dot_product_attention(q, k, v, mask, scale=scale, is_causal=is_causal,
+                                                enable_gqa=enable_gqa)
     groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
-    return make_node(scaled_dot_product_attention_ad, out, (q, k, v),
-                     (weights, 1, _backward_scale(scale, q.shape[-1]), groups))
+    return out, (weights, 1, _backward_scale(scale, q.shape[-1]), groups)
 
 
 def _backward_scale(scale, d):
@@ -63,6 +58,7 @@ def _backward_scale(scale, d):
     return float(scale) if scale is not None else 1.0 / np.sqrt(d)
 
 
+@differentiable("q", "k", "v")
 def multihead_attention_ad(heads, q, k, v, mask=None, *, scale=None, is_causal=False):
     """Differentiable :func:`~hmath_dl.layers.multihead_attention` (no projections):
     head ``i`` computes ``softmax(q_i k_i^T / sqrt(D/h)) v_i``.
@@ -102,16 +98,9 @@ def multihead_attention_ad(heads, q, k, v, mask=None, *, scale=None, is_causal=F
         ``multihead_attention_ad:``.
     """
     from .attention import _multihead
-    fname = "multihead_attention_ad"
-    q = _ad(fname, "q", q)
-    k = _ad(fname, "k", k)
-    v = _ad(fname, "v", v)
-    with _named(fname):
-        out, weights = _multihead("multihead_attention", heads, q.value, k.value, v.value, mask,
-                                  scale, is_causal)
+    out, weights = _multihead("multihead_attention", heads, q, k, v, mask, scale, is_causal)
     h = int(heads)
-    return make_node(multihead_attention_ad, out, (q, k, v),
-                     (weights, h, _backward_scale(scale, q.shape[-1] // h), 1))
+    return out, (weights, h, _backward_scale(scale, q.shape[-1] // h), 1)
 
 
 @vjp_of(multihead_attention_ad, "attention")

@@ -14,13 +14,14 @@ import numpy as np
 from .. import _checks
 from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
-from ..autodiff.core import make_node, vjp_of
-from ._ad_common import _ad, _c, _named, _opt_ad
+from ..autodiff.core import vjp_of
+from ._ad_common import _c, differentiable
 
 __all__ = ["dense_ad", "embedding_ad", "dropout_ad", "spatial_dropout_ad"]
 
 
 # =========================================================================== dense
+@differentiable("x", "w", optional="bias")
 def dense_ad(x, w, bias):
     """Differentiable :func:`~hmath_dl.layers.dense`: ``y = x @ w.T + bias``.
 
@@ -46,13 +47,7 @@ def dense_ad(x, w, bias):
         ``x`` or ``w`` None, a string or not numeric.
     """
     from .dense import dense
-    fname = "dense_ad"
-    x = _ad(fname, "x", x)
-    w = _ad(fname, "w", w)
-    bias = _opt_ad(fname, "bias", bias)
-    with _named(fname):
-        value = dense(x.value, w.value, None if bias is None else bias.value)
-    return make_node(dense_ad, value, (x, w, bias))
+    return dense(x, w, bias), None
 
 
 @vjp_of(dense_ad)
@@ -71,6 +66,7 @@ def _vjp_dense(g, node, needs):
 
 
 # =========================================================================== embedding
+@differentiable("weights")
 def embedding_ad(weights, indices):
     """Differentiable :func:`~hmath_dl.layers.embedding`: ``y[i] = weights[indices[i]]``
     (gradient w.r.t. the table).
@@ -98,12 +94,8 @@ def embedding_ad(weights, indices):
         message starts with ``embedding_ad:``.
     """
     from .embedding import embedding
-    fname = "embedding_ad"
-    weights = _ad(fname, "weights", weights)
-    with _named(fname):
-        value = embedding(weights.value, indices)
-        idx = _checks.int_array(fname, "indices", indices)
-    return make_node(embedding_ad, value, (weights,), idx.reshape(-1))
+    value = embedding(weights, indices)
+    return value, _checks.int_array("embedding_ad", "indices", indices).reshape(-1)
 
 
 @vjp_of(embedding_ad)
@@ -119,6 +111,7 @@ def _vjp_embedding(g, node, needs):
 
 
 # =========================================================================== dropout
+@differentiable("x")
 def dropout_ad(mode, p, rng, x):
     """Differentiable :func:`~hmath_dl.layers.dropout`: ``y = x * mask``, gradient ``g * mask``.
 
@@ -148,9 +141,11 @@ def dropout_ad(mode, p, rng, x):
         ``dropout_ad:``.
     """
     from .dropout import dropout
-    return _masked("dropout_ad", dropout, mode, p, rng, x)
+    y, mask, rng = dropout(mode, p, rng, x)
+    return y, mask, mask, rng
 
 
+@differentiable("x")
 def spatial_dropout_ad(mode, p, rng, x):
     """Differentiable :func:`~hmath_dl.layers.spatial_dropout`: ``y = x * mask`` with one
     mask value per ``(n, c)`` shared over the spatial positions; gradient ``g * mask``.
@@ -177,18 +172,12 @@ def spatial_dropout_ad(mode, p, rng, x):
         ``spatial_dropout_ad:``.
     """
     from .dropout import spatial_dropout
-    return _masked("spatial_dropout_ad", spatial_dropout, mode, p, rng, x)
+    y, mask, rng = spatial_dropout(mode, p, rng, x)
+    return y, mask, mask, rng
 
 
-def _masked(fname, plain, mode, p, rng, x):
-    """``(y, mask, rng)`` of a dropout-like plain layer on the tape: ``y = x * mask``,
-    gradient ``g * mask`` (the mask and RNG are the plain layer's)."""
-    x = _ad(fname, "x", x)
-    with _named(fname):
-        value, mask, new_rng = plain(mode, p, rng, x.value)
-    return make_node(_masked, value, (x,), mask), mask, new_rng
-
-
-@vjp_of(_masked, "dropout")
+@vjp_of(spatial_dropout_ad, "dropout")
+@vjp_of(dropout_ad)
 def _vjp_dropout(g, node, needs):
+    """``g * mask`` (the node's ctx is the mask)."""
     return (g * node.ctx,)

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..autodiff.core import make_node, vjp_of
 from .. import _checks
-from ._ad_common import _ad, _c, _named, _opt_ad
+from ._ad_common import _ad, _c, _named, _opt_ad, differentiable
 
 
 # =========================================================================== norms
@@ -53,12 +53,36 @@ def _vjp_norm_affine(g, node, needs):
     return gx, dw, db
 
 
-def _values(*ts):
-    return tuple(None if t is None else t.value for t in ts)
+def _normalized(fname, op, plain, x, weight, bias, layout):
+    """The norms' common path: the node ``xhat`` (op ``op``, parent ``x``; ctx and affine
+    layout ``layout(x value)``) and, with a weight or a bias, the affine node after it.
+    ``x``, ``weight``, ``bias`` are converted in that order; ``plain(x)`` and
+    ``plain(x, weight, bias)`` are the plain layer without and with its affine transform
+    (errors prefixed with ``fname``)."""
+    x = _ad(fname, "x", x)
+    weight, bias = _opt_ad(fname, "weight", weight), _opt_ad(fname, "bias", bias)
+    with _named(fname):
+        value = plain(x.value)
+        y = None if weight is None and bias is None else plain(
+            x.value, *(None if t is None else t.value for t in (weight, bias)))
+    ctx, per_elem, layout, bshape = layout(x.value)
+    return _affine_node(make_node(op, value, (x,), ctx), y, weight, bias, per_elem, layout,
+                        bshape)
 
 
-def _affine_args(fname, weight, bias):
-    return _opt_ad(fname, "weight", weight), _opt_ad(fname, "bias", bias)
+def _rows(x, axes, epsilon, center):
+    """Layer / RMS norm: rows over the last ``axes`` axes, affine per element."""
+    tail = x.shape[x.ndim - int(axes):]
+    n = _size(tail)
+    return (n, float(epsilon), center), True, n, tail
+
+
+def _channels(x, epsilon, groups=None):
+    """Group / instance norm (``groups`` None): rows of ``C / groups`` channels (one) and
+    all spatial positions, affine per channel."""
+    N, c, S = x.shape[0], x.shape[1], _size(x.shape[2:])
+    rows = S if groups is None else (c // int(groups)) * S
+    return (rows, float(epsilon), True), False, (N, c, S), (c,) + (1,) * (x.ndim - 2)
 
 
 def layer_norm_ad(axes, epsilon, x, *, weight=None, bias=None):
@@ -98,19 +122,9 @@ def layer_norm_ad(axes, epsilon, x, *, weight=None, bias=None):
         ``layer_norm_ad:``.
     """
     from .normalization import layer_norm
-    fname = "layer_norm_ad"
-    x = _ad(fname, "x", x)
-    weight, bias = _affine_args(fname, weight, bias)
-    wv, bv = _values(weight, bias)
-    with _named(fname):
-        value = layer_norm(axes, epsilon, x.value)
-        y = None if wv is None and bv is None else layer_norm(axes, epsilon, x.value,
-                                                              weight=wv, bias=bv)
-    k = int(axes)
-    tail = x.shape[x.ndim - k:]
-    n = _size(tail)
-    xh = make_node(layer_norm_ad, value, (x,), (n, float(epsilon), True))
-    return _affine_node(xh, y, weight, bias, True, n, tail)
+    return _normalized("layer_norm_ad", layer_norm_ad,
+                       lambda x, w=None, b=None: layer_norm(axes, epsilon, x, weight=w, bias=b),
+                       x, weight, bias, lambda x: _rows(x, axes, epsilon, True))
 
 
 def rms_norm_ad(axes, epsilon, x, *, weight=None):
@@ -146,18 +160,9 @@ def rms_norm_ad(axes, epsilon, x, *, weight=None):
         As for :func:`~hmath_dl.layers.rms_norm`; the message starts with ``rms_norm_ad:``.
     """
     from .normalization import rms_norm
-    fname = "rms_norm_ad"
-    x = _ad(fname, "x", x)
-    weight = _opt_ad(fname, "weight", weight)
-    (wv,) = _values(weight)
-    with _named(fname):
-        value = rms_norm(axes, epsilon, x.value)
-        y = None if wv is None else rms_norm(axes, epsilon, x.value, weight=wv)
-    k = int(axes)
-    tail = x.shape[x.ndim - k:]
-    n = _size(tail)
-    xh = make_node(rms_norm_ad, value, (x,), (n, float(epsilon), False))
-    return _affine_node(xh, y, weight, None, True, n, tail)
+    return _normalized("rms_norm_ad", rms_norm_ad,
+                       lambda x, w=None, b=None: rms_norm(axes, epsilon, x, weight=w),
+                       x, weight, None, lambda x: _rows(x, axes, epsilon, False))
 
 
 def _size(shape):
@@ -202,17 +207,9 @@ def group_norm_ad(groups, epsilon, x, *, weight=None, bias=None):
         ``group_norm_ad:``.
     """
     from .normalization import group_norm
-    fname = "group_norm_ad"
-    x = _ad(fname, "x", x)
-    weight, bias = _affine_args(fname, weight, bias)
-    wv, bv = _values(weight, bias)
-    with _named(fname):
-        value = group_norm(groups, epsilon, x.value)
-        y = None if wv is None and bv is None else group_norm(groups, epsilon, x.value,
-                                                              weight=wv, bias=bv)
-    N, c, S = x.shape[0], x.shape[1], _size(x.shape[2:])
-    xh = make_node(group_norm_ad, value, (x,), ((c // int(groups)) * S, float(epsilon), True))
-    return _affine_node(xh, y, weight, bias, False, (N, c, S), (c,) + (1,) * (x.ndim - 2))
+    return _normalized("group_norm_ad", group_norm_ad,
+                       lambda x, w=None, b=None: group_norm(groups, epsilon, x, weight=w, bias=b),
+                       x, weight, bias, lambda x: _channels(x, epsilon, groups))
 
 
 def instance_norm_ad(epsilon, x, *, weight=None, bias=None):
@@ -246,17 +243,9 @@ def instance_norm_ad(epsilon, x, *, weight=None, bias=None):
         ``instance_norm_ad:``.
     """
     from .normalization import instance_norm
-    fname = "instance_norm_ad"
-    x = _ad(fname, "x", x)
-    weight, bias = _affine_args(fname, weight, bias)
-    wv, bv = _values(weight, bias)
-    with _named(fname):
-        value = instance_norm(epsilon, x.value)
-        y = None if wv is None and bv is None else instance_norm(epsilon, x.value, weight=wv,
-                                                                 bias=bv)
-    N, c, S = x.shape[0], x.shape[1], _size(x.shape[2:])
-    xh = make_node(instance_norm_ad, value, (x,), (S, float(epsilon), True))
-    return _affine_node(xh, y, weight, bias, False, (N, c, S), (c,) + (1,) * (x.ndim - 2))
+    return _normalized("instance_norm_ad", instance_norm_ad,
+                       lambda x, w=None, b=None: instance_norm(epsilon, x, weight=w, bias=b),
+                       x, weight, bias, lambda x: _channels(x, epsilon))
 
 
 @vjp_of(instance_norm_ad, "norm_rows")
@@ -277,6 +266,7 @@ def _vjp_norm_rows(g, node, needs):
     return (dx,)
 
 
+@differentiable("magnitudes", "w")
 def weight_norm_ad(axis, magnitudes, w):
     """Differentiable :func:`~hmath_dl.layers.weight_norm`:
     ``y[i] = magnitudes[i] * w[i] / ||w[i]||`` for every slice ``i`` along ``axis``.
@@ -307,13 +297,7 @@ def weight_norm_ad(axis, magnitudes, w):
         raises NumericOverflow when gradients are computed.
     """
     from .normalization import weight_norm
-    fname = "weight_norm_ad"
-    mags = _ad(fname, "magnitudes", magnitudes)
-    w = _ad(fname, "w", w)
-    with _named(fname):
-        value = weight_norm(axis, mags.value, w.value)
-    ax = int(axis) % w.ndim
-    return make_node(weight_norm_ad, value, (mags, w), (ax,))
+    return weight_norm(axis, magnitudes, w), (int(axis) % w.ndim,)
 
 
 @vjp_of(weight_norm_ad)
@@ -336,6 +320,7 @@ def _vjp_weight_norm(g, node, needs):
     return (dm, dw)
 
 
+@differentiable("x", "gamma", "beta")
 def batch_norm_ad(mode, momentum, epsilon, gamma, beta, state, x):
     """Differentiable :func:`~hmath_dl.layers.batch_norm`:
     ``y = gamma * (x - mean) / sqrt(var + epsilon) + beta`` per channel.
@@ -372,16 +357,9 @@ def batch_norm_ad(mode, momentum, epsilon, gamma, beta, state, x):
     """
     from .dropout import Mode
     from .normalization import batch_norm
-    fname = "batch_norm_ad"
-    x = _ad(fname, "x", x)
-    gamma = _ad(fname, "gamma", gamma)
-    beta = _ad(fname, "beta", beta)
-    with _named(fname):
-        value, new_state = batch_norm(mode, momentum, epsilon, gamma.value, beta.value, state,
-                                      x.value)
-    training = mode is Mode.TRAINING
-    ctx = (float(epsilon), training, state.running_mean, state.running_variance)
-    return make_node(batch_norm_ad, value, (x, gamma, beta), ctx), new_state
+    value, new_state = batch_norm(mode, momentum, epsilon, gamma, beta, state, x)
+    ctx = (float(epsilon), mode is Mode.TRAINING, state.running_mean, state.running_variance)
+    return value, ctx, new_state
 
 
 @vjp_of(batch_norm_ad)

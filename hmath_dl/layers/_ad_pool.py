@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autodiff.core import make_node, vjp_of
+from ..autodiff.core import vjp_of
 from .._kernels.views import out5, readonly5
-from ._ad_common import _ad, _c, _named
+from ._ad_common import _c, differentiable
 
 __all__ = ["pooling_ad", "adaptive_pooling_ad", "global_pooling_ad"]
 
 
 # =========================================================================== pooling
+@differentiable("x")
 def pooling_ad(mode, window, stride, padding, x, *, dilation=None, ceil_mode=False,
                count_include_pad=False, divisor_override=None):
     """Differentiable :func:`~hmath_dl.layers.pooling`: ``y[n, c, o]`` = max, or sum
@@ -61,14 +62,11 @@ def pooling_ad(mode, window, stride, padding, x, *, dilation=None, ceil_mode=Fal
         DomainError); the message starts with ``pooling_ad:``.
     """
     from .pooling import _pooling
-    fname = "pooling_ad"
-    x = _ad(fname, "x", x)
-    with _named(fname):
-        value, plan = _pooling("pooling", mode, window, stride, padding, x.value, dilation,
-                               ceil_mode, count_include_pad, divisor_override)
-    return make_node(pooling_ad, value, (x,), plan)
+    return _pooling("pooling", mode, window, stride, padding, x, dilation, ceil_mode,
+                    count_include_pad, divisor_override)
 
 
+@differentiable("x")
 def adaptive_pooling_ad(mode, output_size, x):
     """Differentiable :func:`~hmath_dl.layers.adaptive_pooling`: bin ``i`` of an axis of
     length ``S`` covers ``[floor(i*S/out), ceil((i+1)*S/out))``; ``y`` is the max or the
@@ -99,13 +97,10 @@ def adaptive_pooling_ad(mode, output_size, x):
         ``adaptive_pooling_ad:``.
     """
     from .pooling import _adaptive
-    fname = "adaptive_pooling_ad"
-    x = _ad(fname, "x", x)
-    with _named(fname):
-        value, plan = _adaptive("adaptive_pooling", mode, output_size, x.value)
-    return make_node(adaptive_pooling_ad, value, (x,), plan)
+    return _adaptive("adaptive_pooling", mode, output_size, x)
 
 
+@differentiable("x")
 def global_pooling_ad(mode, x):
     """Differentiable :func:`~hmath_dl.layers.global_pooling`: ``y[n, c]`` = max or mean of
     ``x[n, c]`` over all spatial positions.
@@ -131,11 +126,7 @@ def global_pooling_ad(mode, x):
         ``global_pooling_ad:``.
     """
     from .pooling import _global
-    fname = "global_pooling_ad"
-    x = _ad(fname, "x", x)
-    with _named(fname):
-        value, plan = _global("global_pooling", mode, x.value)
-    return make_node(global_pooling_ad, value, (x,), plan)
+    return _global("global_pooling", mode, x)
 
 
 @vjp_of(global_pooling_ad)

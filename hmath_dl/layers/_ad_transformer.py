@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autodiff.core import make_node, vjp_of
-from ._ad_common import _ad, _c, _named, _opt_ad
+from ..autodiff.core import vjp_of
+from ._ad_common import _ad, _c, _named, _opt_ad, differentiable
 
 
+@differentiable("x")
 def rotary_embedding_ad(base, offset, x):
     """Differentiable :func:`~hmath_dl.layers.rotary_embedding`: pair ``(2i, 2i+1)`` of row
     ``r`` rotates by ``a = (offset + r) * base**(-2i/F)``:
@@ -40,11 +41,7 @@ def rotary_embedding_ad(base, offset, x):
         ``rotary_embedding_ad:``.
     """
     from .attention import rotary_embedding
-    fname = "rotary_embedding_ad"
-    x = _ad(fname, "x", x)
-    with _named(fname):
-        value = rotary_embedding(base, offset, x.value)
-    return make_node(rotary_embedding_ad, value, (x,), (float(base), int(offset)))
+    return rotary_embedding(base, offset, x), (float(base), int(offset))
 
 
 @vjp_of(rotary_embedding_ad)

@@ -9,8 +9,12 @@ Each ``*_ad`` function computes its forward value with the plain layer of
 :mod:`hmath_dl.layers` (so the numbers are bit for bit those of the plain op) and records
 one node of the :mod:`hmath_dl.autodiff` tape whose vector-Jacobian rule is a Numba
 kernel: parallel over the gradient's own outputs, fixed summation orders, hence bitwise
-identical for any thread count.  Each rule follows its layer, declared with
-``@vjp_of(layer)`` (:func:`hmath_dl.autodiff.core.vjp_of`).
+identical for any thread count.  A layer is declared with ``@differentiable(...)``
+(:func:`hmath_dl.layers._ad_common.differentiable`: the argument conversion, the error
+prefix and the tape node, written once) over its forward on plain arrays, and its rule
+follows it, ``@vjp_of(layer)`` (:func:`hmath_dl.autodiff.core.vjp_of`).  The norms (a
+normalisation node plus an affine node) and the feed-forward block (a composite) are
+written out.
 
 Arguments that are not ADTensors (plain arrays) are treated as constants.  Errors raised
 by the plain layer are re-raised with this function's name in front, e.g.
@@ -23,9 +27,9 @@ import numpy as np
 
 from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
-from ..autodiff.core import make_node, vjp_of
+from ..autodiff.core import vjp_of
 from .._kernels.views import out5, pad3, readonly, readonly5
-from ._ad_common import _ad, _c, _named, _opt_ad
+from ._ad_common import UNBATCHED, _c, differentiable
 from ._ad_attention import multihead_attention_ad, scaled_dot_product_attention_ad
 from ._ad_dense import dense_ad, dropout_ad, embedding_ad, spatial_dropout_ad
 from ._ad_norm import batch_norm_ad, layer_norm_ad, rms_norm_ad
@@ -46,18 +50,6 @@ def _conv_geometry(fname, options, r, kernel, groups=None):
     return s, p, d, int(options.groups if groups is None else groups), crop
 
 
-def _batched(fname, x, w, fn):
-    """Run ``fn(x_batched)`` for an unbatched ``x`` (``x.ndim == w.ndim - 1``): ``x`` gets a
-    leading axis of length 1 (an autodiff reshape, so the gradient flows back) and the
-    result loses it again; None when ``x`` is batched."""
-    if x.ndim != w.ndim - 1:
-        return None
-    from ..autodiff.ops import reshape
-    with _named(fname):
-        out = fn(reshape(x, (1,) + x.shape))
-    return reshape(out, out.shape[1:])
-
-
 def _uncrop(g, crop):
     """The cotangent of a cropped output (``"same"`` padding with an odd total): ``g``
     placed after ``crop[a]`` zeros on every spatial axis."""
@@ -68,6 +60,7 @@ def _uncrop(g, crop):
     return full
 
 
+@differentiable("x", "w", optional="bias")
 def convolution_ad(options, x, w, bias):
     """Differentiable :func:`~hmath_dl.layers.convolution` (cross-correlation):
     ``y[n, co, o] = bias[co] + sum_{ci, k} w[co, ci, k] x[n, ci, o s - p + k d]``.
@@ -101,19 +94,13 @@ def convolution_ad(options, x, w, bias):
         ``convolution_ad:``.  ``x`` or ``w`` None or a string: TypeError.
     """
     from .convolution import convolution
-    fname = "convolution_ad"
-    x = _ad(fname, "x", x)
-    w = _ad(fname, "w", w)
-    bias = _opt_ad(fname, "bias", bias)
-    with _named(fname):
-        value = convolution(options, x.value, w.value,
-                            None if bias is None else bias.value)
-        if x.ndim == w.ndim - 1:
-            return _batched(fname, x, w, lambda xb: convolution_ad(options, xb, w, bias))
-        geometry = _conv_geometry(fname, options, x.ndim - 2, w.shape[2:])
-    return make_node(convolution_ad, value, (x, w, bias), geometry)
+    value = convolution(options, x, w, bias)
+    if x.ndim == w.ndim - 1:
+        return UNBATCHED
+    return value, _conv_geometry("convolution_ad", options, x.ndim - 2, w.shape[2:])
 
 
+@differentiable("x", "w", optional="bias")
 def depthwise_convolution_ad(options, x, w, bias):
     """Differentiable :func:`~hmath_dl.layers.depthwise_convolution`: :func:`convolution_ad`
     with ``groups = Cin`` and ``w [Cin*m, 1, *K]``,
@@ -141,18 +128,11 @@ def depthwise_convolution_ad(options, x, w, bias):
         ``depthwise_convolution_ad:``.
     """
     from .convolution import depthwise_convolution
-    fname = "depthwise_convolution_ad"
-    x = _ad(fname, "x", x)
-    w = _ad(fname, "w", w)
-    bias = _opt_ad(fname, "bias", bias)
-    with _named(fname):
-        value = depthwise_convolution(options, x.value, w.value,
-                                      None if bias is None else bias.value)
-        if x.ndim == w.ndim - 1:
-            return _batched(fname, x, w,
-                            lambda xb: depthwise_convolution_ad(options, xb, w, bias))
-        geometry = _conv_geometry(fname, options, x.ndim - 2, w.shape[2:], groups=x.shape[1])
-    return make_node(depthwise_convolution_ad, value, (x, w, bias), geometry)
+    value = depthwise_convolution(options, x, w, bias)
+    if x.ndim == w.ndim - 1:
+        return UNBATCHED
+    return value, _conv_geometry("depthwise_convolution_ad", options, x.ndim - 2, w.shape[2:],
+                                 groups=x.shape[1])
 
 
 @vjp_of(depthwise_convolution_ad, "convolution")
@@ -223,6 +203,7 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     return gx, gw
 
 
+@differentiable("x", "w", optional="bias")
 def transposed_convolution_ad(output_padding, options, x, w, bias):
     """Differentiable :func:`~hmath_dl.layers.transposed_convolution`, the adjoint of
     convolution: ``y[n, co, i s - p + k d] += x[n, ci, i] w[ci, co, k]``, plus ``bias[co]``.
@@ -255,18 +236,10 @@ def transposed_convolution_ad(output_padding, options, x, w, bias):
         ``transposed_convolution_ad:``.  ``x`` or ``w`` None or a string: TypeError.
     """
     from .convolution import transposed_convolution
-    fname = "transposed_convolution_ad"
-    x = _ad(fname, "x", x)
-    w = _ad(fname, "w", w)
-    bias = _opt_ad(fname, "bias", bias)
-    with _named(fname):
-        value = transposed_convolution(output_padding, options, x.value, w.value,
-                                       None if bias is None else bias.value)
-        if x.ndim == w.ndim - 1:
-            return _batched(fname, x, w, lambda xb: transposed_convolution_ad(
-                output_padding, options, xb, w, bias))
-        geometry = _conv_geometry(fname, options, x.ndim - 2, None)
-    return make_node(transposed_convolution_ad, value, (x, w, bias), geometry)
+    value = transposed_convolution(output_padding, options, x, w, bias)
+    if x.ndim == w.ndim - 1:
+        return UNBATCHED
+    return value, _conv_geometry("transposed_convolution_ad", options, x.ndim - 2, None)
 
 
 @vjp_of(transposed_convolution_ad)
