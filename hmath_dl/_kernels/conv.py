@@ -786,6 +786,30 @@ def _tile_cb(Cog):
     return 8 if _WIDE_CB8 and Cog > 4 else 4
 
 
+def _slack_empty(shape):
+    """``numpy.empty(shape)`` (float64, C-contiguous) inside a flat buffer that continues
+    with one more batch element's worth of zeros plus 256 (the "slack"): the tiled kernel
+    reads its vectors through the buffer (:func:`_flat`), so the tiles of the last batch
+    element, whose vectors run past the array, take the micro-kernel instead of the
+    scalar chain (the values read there never reach an output)."""
+    size = math.prod(shape)
+    slack = (size // shape[0] if shape[0] else 0) + 256
+    buf = np.empty(size + slack, dtype=np.float64)
+    buf[size:] = 0.0
+    return buf[:size].reshape(shape)
+
+
+def _flat(xp):
+    """The flat buffer behind ``xp``: its :func:`_slack_empty` buffer with the slack when
+    it has one, else ``xp`` flattened."""
+    base = xp.base
+    if (isinstance(base, np.ndarray) and base.ndim == 1 and base.dtype == np.float64
+            and base.size > xp.size and xp.flags.c_contiguous
+            and base.ctypes.data == xp.ctypes.data):
+        return base
+    return xp.reshape(-1)
+
+
 def _launch_tiled(xp, wpk, Cog, geo, bias, has_bias, out5, fmas):
     """Launch :func:`conv_forward_tiled` with the packed weights ``wpk`` ([G, nblk, K, CB],
     CB = :func:`_tile_cb`) and the geometry ``geo = (offs [G, K], maxoff [G], ochan [G],
@@ -795,7 +819,7 @@ def _launch_tiled(xp, wpk, Cog, geo, bias, has_bias, out5, fmas):
     xstride = xp.size // N if N else 0
     out3 = out5.reshape(out5.shape[:2] + (-1,))
     return 0 == conv_forward_tiled(
-        fmas, xp.reshape(-1), xstride, wpk, offs, maxoff, _tile_cb(Cog), bias, has_bias, Cog, ochan,
+        fmas, _flat(xp), xstride, wpk, offs, maxoff, _tile_cb(Cog), bias, has_bias, Cog, ochan,
         dst, out3)
 
 
@@ -1183,14 +1207,14 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
         used = _used_residues(K3, s, d)
         P = len(used[0]) * len(used[1]) * len(used[2])
         grid = tuple(-(-(S[a] + 2 * pads[a]) // s[a]) for a in range(3))
-        xp = np.empty((x5.shape[0], x5.shape[1] * P) + grid, dtype=np.float64)
+        xp = _slack_empty((x5.shape[0], x5.shape[1] * P) + grid)
         copied = pad_split(
             x5, pads[0], pads[1], pads[2], s[0], s[1], s[2],
             *(np.asarray(u, dtype=np.int64) for u in used), xp)
         # every residue used: the split copied (and checked) every element of x
         x_ok = bool(copied) if P == s[0] * s[1] * s[2] else None
     else:
-        xp = _padded(x5, pads)
+        xp = _padded(x5, pads, slack=path == "wide")
     geo = _forward_geometry(xp.shape[2:], K3, d, groups, Cg, Cog, out5.shape[2:], s)
     if path == "rows":
         # row tiles stored straight into the output
@@ -1216,13 +1240,14 @@ def _rows_per_iteration(planes, OH, OW):
     return rpi
 
 
-def _padded(x5, pads):
+def _padded(x5, pads, slack=False):
     """``x5`` with ``pads`` = (pd, ph, pw) zeros on both sides of its spatial axes (``x5``
-    itself when there are none)."""
-    if not any(pads):
+    itself when there are none, unless ``slack``); ``slack``: a copy in a
+    :func:`_slack_empty` buffer."""
+    if not any(pads) and not slack:
         return x5
-    xp = np.empty(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * pads[a] for a in range(3)),
-                  dtype=np.float64)
+    shape = x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * pads[a] for a in range(3))
+    xp = _slack_empty(shape) if slack else np.empty(shape, dtype=np.float64)
     if xp.size:
         pad_input(x5, pads[0], pads[1], pads[2], xp)
     return xp
@@ -1385,7 +1410,7 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
         out5[(slice(None), slice(None)) + sl] = b.reshape(-1, 1, 1, 1) if has_bias else 0.0
     if widx is None:
         return (out, None) if report_finite else out
-    xpad = np.empty((N, Cin) + hi, dtype=np.float64)
+    xpad = _slack_empty((N, Cin) + hi)
     pad_input(x5, lo[0], lo[1], lo[2], xpad)
     fmas = out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2])
     wext = np.append(w5.reshape(-1), 0.0)
