@@ -134,9 +134,11 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     ``cols[(c, k), (n, o)] = x_pad[n, c, o s + k d]`` (a Numba copy kernel), then per group
     ``dw = G cols^T`` and ``dcols = W^T G`` (the library's GEMM: each entry one fma chain
     over ``(n, o)`` resp. ``co'`` in order, the same bits on every CPU), and ``dx = col2im(dcols)`` (a Numba kernel parallel over ``(n, c)``
-    planes).  ``G [Cout, N*O]`` is ``g`` with channels first.
+    planes).  ``G [Cout, N*O]`` is ``g`` with channels first.  On small planes the input
+    gradient runs :func:`hmath_dl._kernels.conv_batch.input_gradient` instead (the same
+    bits).
     """
-    from .._kernels import conv_wgrad
+    from .._kernels import conv_batch, conv_wgrad
     from .._kernels._cpu import machine
     from .._kernels.backward import channels_first, col2im, im2col
     xs = x.shape
@@ -149,11 +151,13 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     P = O[0] * O[1] * O[2]
     s3, p3, d3 = pad3(s, 1), pad3(p, 0), pad3(d, 1)
     geo = K + s3 + d3 + p3 + O
+    tiled = machine().tiled
+    batch_dx = need_x and conv_batch.grad_usable(Cg * KK, P, N, tiled)
     G = np.empty((Cout, N * P))
-    if G.size:
+    if G.size and (need_w or not batch_dx):
         channels_first.sized(G.size)(readonly(_c(g).reshape(N, Cout, P)), G)
     gx = gw = None
-    if need_w and conv_wgrad.usable(Cog, Cg * KK, N * P, machine().tiled):
+    if need_w and conv_wgrad.usable(Cog, Cg * KK, N * P, tiled):
         dw = np.empty((Cout, Cg * KK))
         gw = conv_wgrad.weight_gradient(readonly5(x), G, Cout, Cg, groups, geo, dw).reshape(
             w_shape)
@@ -166,7 +170,13 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
             rows = slice(gi * Cog, (gi + 1) * Cog)
             dw[rows] = matmul_nd(G[rows], cols[gi * Cg * KK:(gi + 1) * Cg * KK].T)
         gw = dw.reshape(w_shape)
-    if need_x:
+    if batch_dx:
+        # small planes: W^T G on batch-minor columns, folded back in runs of N (the same
+        # chains and the same order of the fold's additions: the same bits)
+        dx = np.empty(xs)
+        conv_batch.input_gradient(_c(g).reshape(N, Cout, P), _c(w), groups, geo, out5(dx))
+        gx = dx
+    elif need_x:
         w2 = w.reshape(Cout, Cg * KK)
         if groups == 1:
             dcols = matmul_nd(w2.T, G)
