@@ -390,7 +390,7 @@ def test_pooling_errors():
 
 
 def test_serial_twins_match_parallel_kernels(monkeypatch):
-    # small calls run serial compilations of the parallel kernels (_kernels/_serial.py);
+    # small calls run serial compilations of the parallel kernels (Kernel.twin, _jit.py);
     # HMATH_DL_SERIAL_WORK=0 forces the parallel ones: both paths, 1 and 2 threads, give
     # the same bytes for a step that uses every kernel with a twin
     code = """

@@ -975,8 +975,8 @@ def apply_channel_mask(x_flat, channel_mask, inner, out_flat, mask_flat):
 
 
 # calls under SERIAL_WORK elements run the serial twins (same functions compiled without
-# threads, the same bits): see _serial.py
-from ._serial import SERIAL_WORK  # noqa: E402
+# threads, the same bits): see _jit.py, "Serial or parallel: the one policy"
+from ..config import SERIAL_WORK  # noqa: E402  (HMATH_DL_SERIAL_WORK)
 
 
 def _small(n):
