@@ -111,6 +111,9 @@ def int_tuple(fname: str, name: str, value, length: Optional[int] = None, *,
               min: Optional[int] = None) -> Tuple[int, ...]:
     """A tuple of ints.  A single int is repeated ``length`` times when ``length`` is
     given; a sequence must have exactly ``length`` entries (ShapeError)."""
+    if (type(value) is tuple and (length is None or len(value) == length)
+            and all(type(v) is int and (min is None or v >= min) for v in value)):
+        return value        # already what the checks below would return (the common case)
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         if length is None:
             items = [value]

@@ -8,6 +8,7 @@ BLAS; bitwise identical for any thread count).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Tuple, Union
 
@@ -99,12 +100,23 @@ def _options(fname, options):
 
 
 def _per_axis(fname, options, rank, kernel=None):
-    """``(stride, padding, dilation, crop)`` per spatial axis.
+    """``(stride, padding, dilation, crop)`` per spatial axis (remembered per options,
+    rank and kernel shape: a training loop asks for the same ones every step; errors are
+    raised on every call).
 
     ``padding`` is the symmetric padding the kernels run with.  For ``"same"`` with an odd
     total ``d(K-1)`` PyTorch pads one zero more after than before; that equals symmetric
     padding by the larger amount with the first output position cut off, so ``crop[a]``
     (0 or 1) is the number of leading output positions to drop on axis ``a``."""
+    try:
+        return _per_axis_cached(fname, options, rank, None if kernel is None else tuple(kernel))
+    except TypeError as exc:          # an unhashable field: not remembered
+        if "unhashable" not in str(exc):
+            raise
+    return _per_axis_uncached(fname, options, rank, kernel)
+
+
+def _per_axis_uncached(fname, options, rank, kernel=None):
     stride = _checks.int_tuple(fname, "options.stride", options.stride, rank, min=1)
     dilation = _checks.int_tuple(fname, "options.dilation", options.dilation, rank, min=1)
     crop = (0,) * rank
@@ -123,6 +135,9 @@ def _per_axis(fname, options, rank, kernel=None):
     else:
         padding = _checks.int_tuple(fname, "options.padding", options.padding, rank, min=0)
     return stride, padding, dilation, crop
+
+
+_per_axis_cached = functools.lru_cache(maxsize=256)(_per_axis_uncached)
 
 
 def _crop(out, crop):
