@@ -114,6 +114,8 @@ def int_tuple(fname: str, name: str, value, length: Optional[int] = None, *,
     if (type(value) is tuple and (length is None or len(value) == length)
             and all(type(v) is int and (min is None or v >= min) for v in value)):
         return value        # already what the checks below would return (the common case)
+    if type(value) is int and length is not None and (min is None or value >= min):
+        return (value,) * length
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         if length is None:
             items = [value]

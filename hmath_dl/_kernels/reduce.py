@@ -16,6 +16,8 @@ count (no numpy reduction: numpy's pairwise/SIMD summation order depends on its 
   the tail in increasing ``r2``.
 """
 
+import math
+
 import numpy as np
 
 from ._jit import helper, span_kernel
@@ -104,8 +106,8 @@ def sum_to(x, keep):
     if not idx or idx == list(range(idx[0], idx[-1] + 1)):
         lo = idx[0] if idx else x.ndim
         hi = idx[-1] + 1 if idx else x.ndim
-        r1 = int(np.prod(x.shape[:lo], dtype=np.int64))
-        r2 = int(np.prod(x.shape[hi:], dtype=np.int64))
+        r1 = math.prod(x.shape[:lo])
+        r2 = math.prod(x.shape[hi:])
         x3 = np.ascontiguousarray(x).reshape(r1, kk, r2)
     else:
         moved = np.moveaxis(x, idx, list(range(len(idx))))

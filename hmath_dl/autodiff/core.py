@@ -401,7 +401,9 @@ def gradients(output, wrt, cotangent=None) -> List[np.ndarray]:
         if g is None:
             out.append(np.zeros(w.shape, dtype=np.float64))
             continue
-        g = np.array(np.broadcast_to(g, w.shape), dtype=np.float64, order="C", copy=True)
+        if g.shape != w.shape:
+            g = np.broadcast_to(g, w.shape)
+        g = np.array(g, dtype=np.float64, order="C", copy=True)
         out.append(_checks.finish(fname, None, out=g, overflow=lambda u, code: (
             f"the gradient for wrt[{i}] is not finite (a backward product overflowed)")))
     return out
