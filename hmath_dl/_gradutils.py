@@ -16,7 +16,6 @@ import numpy as np
 
 from . import _checks
 from ._kernels import gradnorm as _kgradnorm
-from .errors import NumericOverflow
 
 __all__ = ["as_gradient_list", "gradient_norm", "clip_gradients"]
 
@@ -48,13 +47,10 @@ def _norm(fname: str, arrays: List[np.ndarray]) -> float:
     flats = [a.reshape(-1) for a in arrays if a.size]
     if not flats:
         return 0.0
-    top = 0
-    for i, f in enumerate(flats):
-        bits = int(_kgradnorm.max_abs_bits(f))
-        if bits >= _NONFINITE_BITS:
-            for j, a in enumerate(arrays):
-                _checks.require_finite(fname, "grads" if len(arrays) == 1 else f"grads[{j}]", a)
-        top = max(top, bits)
+    top = max(int(_kgradnorm.max_abs_bits(f)) for f in flats)
+    # a NaN/inf entry: the first one, gradient by gradient, is named (NonFiniteError)
+    _checks.finish(fname, top < _NONFINITE_BITS, inputs=(
+        ("grads" if len(arrays) == 1 else f"grads[{j}]", a) for j, a in enumerate(arrays)))
     if top == 0:
         return 0.0
     amax = float(np.int64(top).view(np.float64))
@@ -70,11 +66,9 @@ def _norm(fname: str, arrays: List[np.ndarray]) -> float:
         norm = math.ldexp(root, e)
     except OverflowError:
         norm = math.inf
-    if not math.isfinite(norm):
-        raise NumericOverflow(
-            f"{fname}: the Euclidean norm of grads exceeds the largest double "
-            f"(largest |entry| {amax!r}; expected a norm <= 1.7976931348623157e+308)")
-    return norm
+    return _checks.finish(fname, math.isfinite(norm), out=norm, overflow=lambda u, code: (
+        f"the Euclidean norm of grads exceeds the largest double "
+        f"(largest |entry| {amax!r}; expected a norm <= 1.7976931348623157e+308)"))
 
 
 def gradient_norm(grads) -> float:

@@ -30,7 +30,7 @@ import numpy as np
 from . import _blas, _checks
 from . import autodiff as _ad
 from .autodiff.core import ADTensor
-from .errors import DomainError, NumericOverflow, ShapeError
+from .errors import DomainError, ShapeError
 
 __all__ = ["data_parallel_gradients"]
 
@@ -172,9 +172,8 @@ def _combine(results, params, size: int):
             raise RuntimeError(f"{_FNAME}: shard {k} returned a malformed result")
     losses = [r[0] for r in results]
     loss_total = _tree_sum(losses, 0, n)
-    if not np.isfinite(loss_total):
-        raise NumericOverflow(f"{_FNAME}: the sum of the shard losses overflowed "
-                              f"(got {loss_total!r})")
+    _checks.finish(_FNAME, bool(np.isfinite(loss_total)), overflow=lambda u, code: (
+        f"the sum of the shard losses overflowed (got {loss_total!r})"))
     grads = []
     for j, p in enumerate(params):
         parts = [np.asarray(r[1][j], dtype=np.float64) for r in results]

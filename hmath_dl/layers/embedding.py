@@ -6,7 +6,8 @@ import numpy as np
 
 from .. import _checks
 from .._kernels.gather import gather_rows
-from ..errors import IndexOutOfRange, NonFiniteError
+from .._kernels.status import NONFINITE_INPUT, OK
+from ..errors import IndexOutOfRange
 
 __all__ = ["embedding"]
 
@@ -59,11 +60,15 @@ def embedding(weights, indices):
                               f"[0, {v}) (the table has {v} rows)")
     ok = np.empty(flat.size, dtype=np.uint8)
     gather_rows(w.view(np.uint64), flat, out.reshape(flat.size, f).view(np.uint64), ok)
-    if not ok.all():
-        first = int(np.argmin(ok))
-        where = tuple(int(i) for i in np.unravel_index(first, idx.shape))
-        row = int(flat[first])
-        col = int(np.argmin(np.isfinite(w[row])))
-        raise NonFiniteError(f"{fname}: weights[{row}, {col}] = {float(w[row, col])!r} is not finite "
-                             f"(gathered by indices{list(where)})")
-    return out
+    # ok[i] == 0: the row gathered for position i holds a NaN/inf (the first one is named)
+    verdict = (OK, None) if ok.all() else (NONFINITE_INPUT, int(np.argmin(ok)))
+    return _checks.finish(fname, verdict, out=out,
+                          nonfinite=lambda first: _gathered_nonfinite(w, flat, idx.shape, first))
+
+
+def _gathered_nonfinite(w, flat, shape, first):
+    where = tuple(int(i) for i in np.unravel_index(first, shape))
+    row = int(flat[first])
+    col = int(np.argmin(np.isfinite(w[row])))
+    return (f"weights[{row}, {col}] = {float(w[row, col])!r} is not finite "
+            f"(gathered by indices{list(where)})")

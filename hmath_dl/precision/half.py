@@ -26,7 +26,7 @@ from .._kernels import gemm_reduced as _kgemm
 from .._kernels._cpu import machine as _machine
 from .._kernels._jit import runs_serial
 from .._kernels._plan import forcing
-from .._kernels.status import NO_INDEX, NONFINITE_INPUT, NONFINITE_SOMEWHERE, OK
+from .._kernels.status import NO_INDEX, NONFINITE_INPUT, OK
 from ..errors import DomainError, ShapeError
 
 __all__ = ["Precision", "round_to_bits", "bits_to_float", "round_to_precision", "reduced_gemm"]
@@ -79,11 +79,13 @@ def _overflow(name, precision, arr, bad):
             f"at most {fmax!r})")
 
 
-def _finish_rounding(fname, name, precision, arr, bad, out=None):
+def _finish_rounding(fname, name, precision, arr, bad, out=None, inputs=None):
     """``out`` after a rounding kernel's index report ``bad`` (:mod:`.._kernels.status`):
-    NONFINITE_SOMEWHERE has ``arr`` scanned (NonFiniteError naming the entry), an index
-    >= 0 is the first entry that rounds to +-inf (NumericOverflow)."""
-    return _checks.finish(fname, _checks.located(bad), out=out, inputs=((name, arr),),
+    NONFINITE_SOMEWHERE has ``arr`` (or every array of ``inputs``, in order) scanned
+    (NonFiniteError naming the entry), an index >= 0 is the first entry that rounds to
+    +-inf (NumericOverflow)."""
+    return _checks.finish(fname, _checks.located(bad), out=out,
+                          inputs=((name, arr),) if inputs is None else inputs,
                           overflow=lambda i, code: _overflow(name, precision, arr, i))
 
 
@@ -377,11 +379,9 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
             return _finish(fname, precision, out, bad)
     a32, status_a, range_a = _round_float32(fname, precision, a)
     b32, status_b, range_b = _round_float32(fname, precision, b)
-    for name, arr, status in (("a", a, status_a), ("b", b, status_b)):
-        if status == NONFINITE_SOMEWHERE:  # non-finite input is reported before any overflow
-            _checks.require_finite(fname, name, arr)
-    _finish_rounding(fname, "a", precision, a, status_a)
-    _finish_rounding(fname, "b", precision, b, status_b)
+    operands = (("a", a), ("b", b))  # a NaN/inf in either is reported before any overflow
+    _finish_rounding(fname, "a", precision, a, status_a, inputs=operands)
+    _finish_rounding(fname, "b", precision, b, status_b, inputs=operands)
     if out.size == 0:
         return out
     if k == 0:

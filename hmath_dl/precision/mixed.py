@@ -126,10 +126,9 @@ def scale_loss(scaler, loss) -> float:
     scaler = _scaler(fname, scaler)
     loss = _checks.real(fname, "loss", loss, nonfinite_error=NonFiniteError)
     result = loss * scaler.loss_scale
-    if not np.isfinite(result):
-        raise NumericOverflow(f"{fname}: loss {loss!r} * loss_scale {scaler.loss_scale!r} "
-                              f"overflows (expected a finite scaled loss)")
-    return result
+    return _checks.finish(fname, bool(np.isfinite(result)), out=result, overflow=lambda u, c: (
+        f"loss {loss!r} * loss_scale {scaler.loss_scale!r} overflows (expected a finite "
+        f"scaled loss)"))
 
 
 def unscale_gradients(scaler, grads):
