@@ -151,3 +151,54 @@ def test_errors():
     from hmath_dl.errors import ShapeError
     with pytest.raises(ShapeError, match="^initialize_weights"):
         f(XavierUniform(), 2, 3, (1 << 40, 1 << 40), rng)
+
+
+# fans(shape, layout): a hand-written table (fan_in, fan_out), one row per layout
+FAN_TABLE = [
+    ((5, 3), None, (3, 5)),                      # dense [out, in]
+    ((5, 3), "OI", (3, 5)),
+    ((3, 5), "IO", (3, 5)),
+    ((1, 1), None, (1, 1)),
+    ((8, 4, 3), None, (12, 24)),                 # conv1d [Cout, Cin/groups, K]
+    ((8, 4, 3), "OIW", (12, 24)),
+    ((16, 3, 3, 3), "OIHW", (27, 144)),          # conv2d
+    ((16, 3, 3, 5), None, (45, 240)),
+    ((32, 4, 2, 3, 3), "OIDHW", (72, 576)),      # conv3d
+    ((12, 1, 3, 3), None, (9, 108)),             # depthwise [Cin*m, 1, *K]
+    ((4, 6, 3), "IOW", (12, 18)),                # transposed conv1d [Cin, Cout/groups, K]
+    ((4, 6, 3, 3), "IOHW", (36, 54)),            # transposed conv2d
+    ((4, 6, 2, 3, 3), "IODHW", (72, 108)),
+    ((3, 3, 4, 16), "HWIO", (36, 144)),          # JAX / TensorFlow kernel
+    ((2, 16, 3, 4), "KOHI", (24, 96)),           # any letters other than O and I: kernel axes
+]
+
+
+@pytest.mark.parametrize("shape, layout, want", FAN_TABLE)
+def test_fans_table(shape, layout, want):
+    from hmath_dl.layers.initializers import fans
+    got = fans(shape, layout)
+    assert got == want and all(type(v) is int for v in got)
+    assert fans(list(shape), layout) == want and fans(np.array(shape), layout) == want
+
+
+def test_fans_feed_initialize_weights_and_errors():
+    from hmath_dl.errors import ShapeError
+    from hmath_dl.layers.initializers import fans
+    shape = (16, 3, 3, 3)
+    a, _ = initialize_weights(KaimingUniform(), *fans(shape), shape, RNG.from_seed(4))
+    b, _ = initialize_weights(KaimingUniform(), 27, 144, shape, RNG.from_seed(4))
+    assert a.tobytes() == b.tobytes()
+    for shape in ((5,), (), (0, 3), (3, -1)):
+        with pytest.raises(DomainError, match="^fans: shape"):
+            fans(shape)
+    for layout in ("OO", "II", "OH", "HW", "OIO"):
+        with pytest.raises((DomainError, ShapeError), match="^fans: layout"):
+            fans((2, 3), layout)
+    with pytest.raises(ShapeError, match=r"^fans: layout 'OIHW' names 4 axes, shape \(2, 3\) "):
+        fans((2, 3), "OIHW")
+    with pytest.raises(DomainError, match="^fans: layout must name one output axis 'O' and "):
+        fans((2, 3), "OH")
+    with pytest.raises(TypeError, match="^fans: layout must be a str"):
+        fans((2, 3), 3)
+    with pytest.raises(TypeError, match="^fans: shape"):
+        fans((2.0, 3))

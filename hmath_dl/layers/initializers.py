@@ -2,6 +2,10 @@
 
 Every draw comes from ``rng.generator()`` (numpy's Philox stream) and the advanced RNG is
 returned; the RNG passed in is never changed, so the same RNG gives the same weights.
+
+The fans are explicit arguments of ``initialize_weights``; ``fans(shape, layout)``, a
+helper of this module (not part of the contract), computes them from a weight's shape and
+layout.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from .. import _checks
 from .._kernels import libm
 from .._kernels.qr import orthonormal_factor
 from .._kernels.softmax import apply as libm_apply
-from ..errors import DomainError
+from ..errors import DomainError, ShapeError
 from ..rng import RNG
 
 __all__ = ["XavierUniform", "XavierNormal", "KaimingUniform", "KaimingNormal", "Orthogonal",
@@ -155,6 +159,62 @@ def _truncated_standard(gen, count, c):
     return out
 
 
+def fans(shape, layout=None):
+    """``(fan_in, fan_out)`` of a weight of ``shape``, for :func:`initialize_weights`.
+
+    ``layout`` names the axes, one letter each: ``"O"`` the outputs (features or
+    channels), ``"I"`` the inputs, any other letter a kernel (receptive-field) axis.  With
+    ``r`` the product of the kernel extents (1 without any): ``fan_in = shape[I] * r`` and
+    ``fan_out = shape[O] * r``.  ``None`` is the library's layout ``[out, in, *kernel]``:
+    ``"OI"`` for a dense weight ``[out, in]``, ``"OIW"`` / ``"OIHW"`` / ``"OIDHW"`` for a
+    convolution weight ``[Cout, Cin/groups, *K]`` (so ``fan_in = Cin/groups * prod(K)``; a
+    depthwise weight ``[Cin*m, 1, *K]`` alike).  A transposed convolution weight
+    ``[Cin, Cout/groups, *K]`` is ``"IOW"`` / ``"IOHW"`` / ``"IODHW"`` (PyTorch reads it
+    as ``"OIHW"``, giving ``fan_in = Cout/groups * prod(K)``), a JAX/TensorFlow kernel
+    ``"HWIO"``.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        At least 2 extents, each ``>= 1``.
+    layout : str, optional
+        ``len(shape)`` letters with exactly one ``"O"`` and one ``"I"``.
+
+    Returns
+    -------
+    (int, int)
+        ``(fan_in, fan_out)``.
+
+    Raises
+    ------
+    TypeError
+        ``shape`` not ints, ``layout`` not a str.
+    DomainError
+        Fewer than 2 extents, an extent below 1, or ``layout`` without exactly one ``"O"``
+        and one ``"I"``.
+    ShapeError
+        ``layout`` does not have one letter per axis of ``shape``.
+    """
+    fname = "fans"
+    shp = _checks.shape_tuple(fname, "shape", shape, min_len=2, min=1)
+    if layout is None:
+        o, i = 0, 1
+    else:
+        _checks.instance(fname, "layout", layout, str, "a str")
+        if len(layout) != len(shp):
+            raise ShapeError(f"{fname}: layout {layout!r} names {len(layout)} axes, shape "
+                             f"{shp!r} has {len(shp)}")
+        if layout.count("O") != 1 or layout.count("I") != 1:
+            raise DomainError(f"{fname}: layout must name one output axis 'O' and one input "
+                              f"axis 'I' (got {layout!r})")
+        o, i = layout.index("O"), layout.index("I")
+    r = 1
+    for a, n in enumerate(shp):
+        if a not in (o, i):
+            r *= n
+    return shp[i] * r, shp[o] * r
+
+
 def initialize_weights(init, fan_in, fan_out, shape, rng):
     """Draw an initial weight tensor.
 
@@ -164,7 +224,8 @@ def initialize_weights(init, fan_in, fan_out, shape, rng):
         One of XavierUniform(), XavierNormal(), KaimingUniform(), KaimingNormal(),
         Orthogonal(gain), TruncatedNormal(mean, sigma, cutoff).
     fan_in, fan_out : int
-        Positive (DomainError), checked for every initialiser.
+        Positive (DomainError), checked for every initialiser
+        (``hmath_dl.layers.initializers.fans`` computes them from a weight shape and layout).
     shape : tuple of int
         Non-negative extents (an int means a 1-D shape).
     rng : RNG
