@@ -27,23 +27,32 @@ from .views import readonly
 @helper
 def _row_sum(a):
     """The eight-partial fixed-order sum of the 1-D array ``a`` (see the module docstring)."""
-    n = a.shape[0]
+    return _run_sum(a, 0, a.shape[0])
+
+
+@helper
+def _run_sum(a, start, n):
+    """The eight-partial fixed-order sum of ``a[start:start + n]`` (``a`` flat; see the
+    module docstring).  Unsigned offsets into the flat array: no view per row (a view
+    costs a reference-count update) and no negative-index test."""
     p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = 0.0
-    i = 0
-    while i + 8 <= n:
+    i = np.uint64(start)
+    end = i + np.uint64(n)
+    eight = np.uint64(8)
+    while i + eight <= end:
         p0 += a[i]
-        p1 += a[i + 1]
-        p2 += a[i + 2]
-        p3 += a[i + 3]
-        p4 += a[i + 4]
-        p5 += a[i + 5]
-        p6 += a[i + 6]
-        p7 += a[i + 7]
-        i += 8
+        p1 += a[i + np.uint64(1)]
+        p2 += a[i + np.uint64(2)]
+        p3 += a[i + np.uint64(3)]
+        p4 += a[i + np.uint64(4)]
+        p5 += a[i + np.uint64(5)]
+        p6 += a[i + np.uint64(6)]
+        p7 += a[i + np.uint64(7)]
+        i += eight
     s = ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
-    while i < n:
+    while i < end:
         s += a[i]
-        i += 1
+        i += np.uint64(1)
     return s
 
 
@@ -72,11 +81,12 @@ def _sum_columns(x, out, c0, c1):
 def _sum_rows(x, out, k0, k1):
     """``out[k] = sum_{r1} s(r1, k)`` for ``x [R1, K, R2]`` (module docstring order),
     for ``k`` in ``k0 .. k1-1`` (a span kernel)."""
-    r1 = x.shape[0]
+    r1, kk, r2 = x.shape
+    xf = x.reshape(-1)
     for k in range(k0, k1):
         acc = 0.0
         for a in range(r1):
-            acc += _row_sum(x[a, k])
+            acc += _run_sum(xf, (a * kk + k) * r2, r2)
         out[k] = acc
 
 
