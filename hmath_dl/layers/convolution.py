@@ -218,10 +218,11 @@ def _forward(fname, x, w, bias, stride, padding, dilation, groups, crop):
         return _crop(out, crop)
     _, finite, x_finite = conv_nd(x, w, bias, stride, padding, dilation, groups, out=out,
                                   report_finite=True)
-    if not x_finite:
-        # x was validated without its finiteness scan: the row kernel checks every input
-        # element as it copies it; other paths scan here (NonFiniteError before overflow)
-        _checks.require_finite(fname, "x", x)
+    # x was validated without its finiteness scan: the row kernel checks every input
+    # element as it copies it; other paths scan here, whatever the output (an element no
+    # output reads is still reported), and before the output's verdict (NonFiniteError
+    # before overflow)
+    _checks.finish(fname, True if x_finite else _checks.is_finite(x), inputs=(("x", x),))
     return _crop(_checked(fname, out, finite), crop)
 
 
