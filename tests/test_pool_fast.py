@@ -130,3 +130,29 @@ def test_public_pooling_and_its_gradient_are_the_same_bits_on_both_paths(mode):
     with pytest.raises(ValueError):
         with F.forced_path("nope"):
             pass
+
+
+@pytest.mark.parametrize("shape", [(64, 16, 8, 8), (3, 5, 9, 11), (2, 3, 4, 5), (1, 1, 2, 2),
+                                   (33, 2, 6, 6)])
+def test_written_out_2x2_max_kernel_is_the_general_kernels_bytes(shape):
+    """``max_pool2x2`` (the forward 2x2 / stride-2 max, taken by the plan) against the
+    general kernel and the plain-loop reference, with ties, signed zeros and odd sizes
+    (the last row/column no window covers); serial and parallel; the NaN/inf plane count
+    of the general kernel's status."""
+    N, C, H, W = shape
+    x = _data(N, C, H, W, sum(shape) + 2)
+    axes = _axes(H, W, 2, 2, 2, 2)
+    OH, OW = H // 2, W // 2
+    want = np.empty((N, C, OH, OW))
+    with F.forced_path("general"):
+        assert KP.pool_box_nd(x, axes, True, want) == 0
+    assert np.array_equal(want, pool_reference(True, x, (2, 2), (2, 2), (0, 0)))
+    for kern in (F.max_pool2x2, F.max_pool2x2.serial):
+        got = np.full_like(want, np.nan)
+        assert kern(x.reshape(N * C, H, W), got.reshape(N * C, OH, OW)) == 0
+        assert got.tobytes() == want.tobytes()
+        bad = x.copy()
+        bad[0, 0, H - 1, W - 1] = np.nan            # a cell no window reads when H or W is odd
+        bad[N - 1, C - 1, 0, 0] = np.inf
+        expect = 1 if N * C == 1 else 2
+        assert kern(bad.reshape(N * C, H, W), got.reshape(N * C, OH, OW)) == expect
