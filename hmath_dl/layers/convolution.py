@@ -108,12 +108,9 @@ def _per_axis(fname, options, rank, kernel=None):
     total ``d(K-1)`` PyTorch pads one zero more after than before; that equals symmetric
     padding by the larger amount with the first output position cut off, so ``crop[a]``
     (0 or 1) is the number of leading output positions to drop on axis ``a``."""
-    try:
-        return _per_axis_cached(fname, options, rank, None if kernel is None else tuple(kernel))
-    except TypeError as exc:          # an unhashable field: not remembered
-        if "unhashable" not in str(exc):
-            raise
-    return _per_axis_uncached(fname, options, rank, kernel)
+    # ConvOptions is frozen and its fields are normalised to ints, tuples and strings, so
+    # it is a dictionary key as it is
+    return _per_axis_cached(fname, options, rank, None if kernel is None else tuple(kernel))
 
 
 def _per_axis_uncached(fname, options, rank, kernel=None):
