@@ -21,6 +21,12 @@ from . import _threads
 # (see hmath_dl._threads).  Nothing is written into os.environ or numba.config.
 _threads.preload_tbb()
 
+# Freed arrays of the sizes a training step reuses stay in the heap instead of going back
+# to the kernel and faulting in again (see hmath_dl._alloc; HMATH_DL_MALLOC=system: off).
+from . import _alloc, config as _config  # noqa: E402
+
+_alloc.tune(_config.MALLOC)
+
 from . import errors, rng
 from .errors import (
     CapacityError,

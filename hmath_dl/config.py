@@ -22,6 +22,10 @@ variable                       default      effect
                                             stderr when kernels take more than ~2 s to
                                             compile (:mod:`hmath_dl.precompile` compiles
                                             them ahead of time)
+``HMATH_DL_MALLOC``            (empty)      ``system``: leave glibc's ``malloc`` thresholds
+                                            alone (by default ``import hmath_dl`` keeps
+                                            freed arrays under 32 MiB in the heap for
+                                            reuse: :mod:`hmath_dl._alloc`)
 =============================  ===========  =================================================
 
 Numba's own variables (``NUMBA_NUM_THREADS``, ``NUMBA_THREADING_LAYER``,
@@ -142,8 +146,8 @@ from __future__ import annotations
 import os
 
 __all__ = ["KERNELS", "INT8_KERNEL", "CACHE_ENABLED", "SERIAL_WORK",
-           "MAX_ALLOC_BYTES", "QUIET", "VARIABLES", "describe", "THRESHOLDS", "thresholds",
-           "describe_thresholds"]
+           "MAX_ALLOC_BYTES", "QUIET", "MALLOC", "VARIABLES", "describe", "THRESHOLDS",
+           "thresholds", "describe_thresholds"]
 
 
 def _int(name: str, default: int) -> int:
@@ -161,6 +165,7 @@ CACHE_ENABLED = os.environ.get("HMATH_DL_NO_CACHE", "") in ("", "0")
 SERIAL_WORK = _int("HMATH_DL_SERIAL_WORK", 1 << 17)
 MAX_ALLOC_BYTES = _int("HMATH_DL_MAX_ALLOC_BYTES", 1 << 34)
 QUIET = os.environ.get("HMATH_DL_QUIET", "") not in ("", "0")
+MALLOC = os.environ.get("HMATH_DL_MALLOC", "").strip().lower()
 
 #: name -> value in force, for ``python -m hmath_dl.info --config`` and bug reports.
 VARIABLES = {
@@ -170,6 +175,7 @@ VARIABLES = {
     "HMATH_DL_SERIAL_WORK": SERIAL_WORK,
     "HMATH_DL_MAX_ALLOC_BYTES": MAX_ALLOC_BYTES,
     "HMATH_DL_QUIET": QUIET,
+    "HMATH_DL_MALLOC": MALLOC,
 }
 
 

@@ -37,13 +37,13 @@ def info_line() -> str:
     import numba
     import numpy as np
 
-    from . import __version__, _threads
+    from . import __version__, _alloc, _threads
     from ._kernels import _cpu, checks
 
     checks.thread_probe(np.empty(4 * max(1, numba.get_num_threads()), dtype=np.int64))
     return (f"hmath_dl {__version__} | numba {numba.__version__} | threading "
             f"{_threads.threading_layer()}, {numba.get_num_threads()} threads | kernels "
-            f"{_cpu.describe()} | cache {_cache_dir()}")
+            f"{_cpu.describe()} | cache {_cache_dir()} | malloc {_alloc.STATE}")
 
 
 def main(argv=None) -> int:
