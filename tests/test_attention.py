@@ -604,10 +604,95 @@ def test_kernel_exp_within_one_ulp():
     x = -np.abs(rng.standard_normal(4000)) * np.exp(rng.uniform(-30, 6.7, 4000))
     x = np.concatenate([x, np.linspace(-750.0, -700.0, 501),
                         [0.0, -0.0, -np.inf, -1e-300, -745.13, -745.14, -708.0, -708.0000001]])
-    for shift in (0.0, 3.5):
-        y = x + shift
-        _exp_shifted(y, shift, np.empty(y.size, dtype=np.int64))
-        want = np.array([math.exp(t) for t in (x + shift) - shift])
-        ulps = np.abs(y - want) / np.spacing(np.maximum(want, 5e-324))
-        assert ulps.max() <= 1.0
-        assert np.array_equal(y[-8:-5], [1.0, 1.0, 0.0])
+    # without arguments in [-746, -708) every element takes the vector loop: -inf and
+    # arguments below -746 must give exact zeros there too
+    fast = x[(x >= -708.0) | (x < -746.0)]
+    for xs in (x, fast):
+        for shift in (0.0, 3.5):
+            y = np.concatenate([[7.0], xs + shift])     # an offset into the array
+            bits = np.empty(y.size, dtype=np.int64)
+            _exp_shifted(y, 1, xs.size, shift, bits, bits.view(np.float64))
+            assert y[0] == 7.0
+            y = y[1:]
+            want = np.array([math.exp(t) for t in (xs + shift) - shift])
+            ulps = np.abs(y - want) / np.spacing(np.maximum(want, 5e-324))
+            assert ulps.max() <= 1.0
+            assert np.array_equal(y[xs == -np.inf], [0.0])
+            assert np.all(y[xs + shift - shift < -746.0] == 0.0)
+
+
+def _sdpa_in_specified_order(q, k, v, mask, bias, scale):
+    """The kernel's specification (``_kernels/attention.py``) written as plain numpy, one
+    row at a time: every score ``((0 + q0 k0) + q1 k1) + ...`` with each product and sum
+    rounded (numpy's elementwise ops), scaled, ``+ bias``; the maximum of the allowed
+    scores; ``exp(s - m)`` by the kernel's own exp helper (its accuracy is tested
+    above); the sum of the allowed ``e`` in increasing key order; ``e / t``; each output the
+    sum of ``w_j v_j`` in increasing key order over the allowed keys."""
+    from hmath_dl._kernels.attention import _exp_shifted
+    B, N, D = q.shape
+    M, F = k.shape[1], v.shape[2]
+    gkv = B // k.shape[0]
+    if scale == 0.0:
+        inv = 1.0 / math.sqrt(D) if math.sqrt(D) == 2.0 ** round(math.log2(math.sqrt(D))) else 0.0
+    else:
+        inv = scale
+    out = np.zeros((B, N, F))
+    w = np.zeros((B, N, M))
+    for b in range(B):
+        kb, vb = k[b // gkv], v[b // gkv]
+        for i in range(N):
+            allowed = np.ones(M, bool) if mask is None else mask[b // (B // mask.shape[0]), i]
+            if not allowed.any():
+                continue
+            s = np.zeros(M)
+            for c in range(D):
+                s = s + q[b, i, c] * kb[:, c]
+            s = s * inv if inv != 0.0 else s / math.sqrt(D)
+            if bias is not None:
+                s = s + bias[b // (B // bias.shape[0]), i]
+            js = np.flatnonzero(allowed)
+            e = s[js].copy()
+            bits = np.empty(e.size, np.int64)
+            _exp_shifted(e, 0, e.size, e.max(), bits, bits.view(np.float64))
+            t = 0.0
+            for x in e:
+                t += x
+            w[b, i, js] = e / t
+            o = np.zeros(F)
+            for j in js:
+                o = o + w[b, i, j] * vb[j]
+            out[b, i] = o
+    return out, w
+
+
+@pytest.mark.parametrize("B,N,M,D,F,kind,gkv,scale", [
+    (2, 5, 7, 3, 5, "random", 1, 0.0),
+    (2, 64, 64, 16, 16, "causal", 1, 0.0),      # the character transformer's heads
+    (3, 9, 33, 16, 17, "random", 1, 0.0),       # key and feature tails of every tile
+    (2, 17, 17, 64, 64, "causal", 1, 0.0),
+    (4, 6, 40, 5, 8, "bias", 2, 0.0),           # grouped keys and values, bias, D not 4^k
+    (2, 4, 16, 8, 3, "none", 1, 0.3),           # an explicit scale
+])
+def test_sdpa_kernel_is_the_specified_order_bit_for_bit(B, N, M, D, F, kind, gkv, scale):
+    from hmath_dl._kernels.attention import attention_forward
+    rng = np.random.default_rng(B * 1000 + N * 10 + D)
+    q = rng.standard_normal((B, N, D))
+    k = rng.standard_normal((B // gkv, M, D))
+    v = rng.standard_normal((B // gkv, M, F))
+    mask = bias = None
+    if kind == "causal":
+        mask = np.tril(np.ones((N, M), bool), M - N)[None]
+    elif kind == "random":
+        mask = rng.random((B, N, M)) < 0.5
+        mask[0, 0] = False                       # a row without keys: zeros
+    elif kind == "bias":
+        bias = rng.standard_normal((1, N, M))
+    out = np.full((B, N, F), np.nan)
+    w = np.full((B, N, M), np.nan)
+    status = attention_forward(q, k, v, np.ones((0, 0, 0), bool) if mask is None else mask,
+                               np.zeros((0, 0, 0)) if bias is None else bias, out, w, gkv,
+                               scale)
+    assert status == (0, -1)
+    want_out, want_w = _sdpa_in_specified_order(q, k, v, mask, bias, scale)
+    assert w.tobytes() == want_w.tobytes()
+    assert out.tobytes() == want_out.tobytes()

@@ -48,56 +48,65 @@ Entry points
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import helper, inlined, kernel
+from ._simd import _VW, _make_micro_acc
 from .libm import cos_inline, exp_inline, log_inline, sin_inline
 from .status import NO_INDEX, OK, OVERFLOW, SCORE_OVERFLOW
 from .views import readonly
 
-# Query rows handled together: their scores are computed in one sweep over the keys so that
-# every key column is loaded once per block instead of once per row.
+# Query rows handled together: their scores (and outputs) are register tiles of the float
+# GEMMs' micro-kernel (``_simd._make_micro_acc`` with separately rounded products): _QB rows
+# x _KV vectors of keys (features, for the outputs), every key column loaded once per block.
 _QB = 4
+_KV = 2
+_KT = _VW * _KV
+_mscore = _make_micro_acc(_QB, _KV, fused=False)
+_mvalue = _mscore
 
 
-@helper
-def _row_range(mrow):
-    """(first allowed key, last allowed key, number of allowed keys) of a mask row;
-    (len, -1, 0) when nothing is allowed."""
-    m_keys = mrow.shape[0]
+@inlined
+def _row_range(mf, off, m_keys):
+    """(first allowed key, last allowed key, number of allowed keys) of the mask row
+    ``mf[off:off + m_keys]``; (m_keys, -1, 0) when nothing is allowed."""
     lo = m_keys
     for j in range(m_keys):
-        if mrow[j]:
+        if mf[off + j]:
             lo = j
             break
     if lo == m_keys:
         return m_keys, -1, 0
     hi = lo
     for j in range(m_keys - 1, lo, -1):
-        if mrow[j]:
+        if mf[off + j]:
             hi = j
             break
-    part = mrow[lo:hi + 1]
     cnt = 0
-    for j in range(hi + 1 - lo):
-        cnt += np.int64(part[j])
+    u0 = np.uint64(off + lo)
+    for j in range(np.uint64(hi + 1 - lo)):
+        cnt += np.int64(mf[u0 + j])
     return lo, hi, cnt
 
 
-@helper
-def _exp_shifted(x, shift, bits):
-    """x[j] <- exp(x[j] - shift) in place, for x[j] <= shift (``x[j]`` may be -inf);
-    ``bits`` is int64 scratch at least as long as ``x``.
+@inlined
+def _exp_shifted(x, off, n, shift, bits, bitsf):
+    """x[off + j] <- exp(x[off + j] - shift) in place for j < n, for x <= shift (``x`` may
+    be -inf); ``bits`` is int64 scratch of at least ``n`` elements and ``bitsf`` the same
+    memory viewed as float64.
 
     Vectorisable: Cody-Waite reduction ``t = k ln2 + r`` (|r| <= ln2/2, k = round(t/ln2)),
     degree-13 Taylor polynomial of ``exp(r)`` in Horner form, times ``2**k`` assembled from
     its bits.  Plain IEEE operations in a fixed order (no FMA contraction), so the result is
     the same bits on every machine; error at most 1 ulp against the correctly rounded
-    value.  ``t < -708`` (where ``2**k`` would be subnormal) takes the libm path."""
-    n = x.shape[0]
+    value.  ``t < -746`` (-inf included: masked keys) gives exact 0 in the vector loop;
+    ``-746 <= t < -708`` (where ``2**k`` would be subnormal) takes the libm path."""
     under = 0
-    for j in range(n):
-        t0 = x[j] - shift
+    un = np.uint64(n)
+    uo = np.uint64(off)
+    for j in range(un):
+        t0 = x[uo + j] - shift
+        tiny = t0 < -746.0
         low = t0 < -708.0
-        under += low
+        under += low and not tiny
         t = -708.0 if low else t0
         kf = (t * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0
         r = (t - kf * 6.93147180369123816490e-01) - kf * 1.90821492927058770002e-10
@@ -115,288 +124,254 @@ def _exp_shifted(x, shift, bits):
         p = p * r + 0.5
         p = p * r + 1.0
         p = p * r + 1.0
-        x[j] = t0 if low else p
+        x[uo + j] = 0.0 if tiny else (t0 if low else p)
         bits[j] = (np.int64(kf) + 1023) << 52
-    scale = bits[:n].view(np.float64)
     if under == 0:
-        for j in range(n):
-            x[j] = x[j] * scale[j]
+        for j in range(un):
+            x[uo + j] = x[uo + j] * bitsf[j]
     else:
-        for j in range(n):
-            t = x[j]
+        for j in range(un):
+            t = x[uo + j]
             if t < -746.0:
-                x[j] = 0.0
+                x[uo + j] = 0.0
             elif t < -708.0:
-                x[j] = exp_inline(t)     # the library's own (libm.py): subnormal results
+                x[uo + j] = exp_inline(t)     # the library's own (libm.py): subnormal results
             else:
-                x[j] = t * scale[j]
+                x[uo + j] = t * bitsf[j]
     return under
 
 
-@helper
-def _scores_block(q, kt, s, b, bk, i0, nr, blo, n):
-    """s[r, :n] = q[b, i0 + r] . kt[bk, :, blo + j] for the _QB (= 4) rows of a block.
-
-    Each score is summed over the features in increasing order, starting from 0.0; four
-    features are folded per pass (``((s + a) + b) + ...`` keeps that order exactly).  Rows
-    r >= nr repeat the last real row (their scores are ignored).  Inner loops run over 1-D
-    views from index 0 so that LLVM vectorises them."""
-    d = q.shape[2]
-    r0 = i0
-    r1 = i0 + min(1, nr - 1)
-    r2 = i0 + min(2, nr - 1)
-    r3 = i0 + min(3, nr - 1)
-    s0 = s[0, :n]
-    s1 = s[1, :n]
-    s2 = s[2, :n]
-    s3 = s[3, :n]
-    for j in range(n):
-        s0[j] = 0.0
-        s1[j] = 0.0
-        s2[j] = 0.0
-        s3[j] = 0.0
-    c = 0
-    while c + 4 <= d:
-        ka = kt[bk, c, blo:blo + n]
-        kb = kt[bk, c + 1, blo:blo + n]
-        kc = kt[bk, c + 2, blo:blo + n]
-        kd = kt[bk, c + 3, blo:blo + n]
-        q0a = q[b, r0, c]
-        q0b = q[b, r0, c + 1]
-        q0c = q[b, r0, c + 2]
-        q0d = q[b, r0, c + 3]
-        q1a = q[b, r1, c]
-        q1b = q[b, r1, c + 1]
-        q1c = q[b, r1, c + 2]
-        q1d = q[b, r1, c + 3]
-        q2a = q[b, r2, c]
-        q2b = q[b, r2, c + 1]
-        q2c = q[b, r2, c + 2]
-        q2d = q[b, r2, c + 3]
-        q3a = q[b, r3, c]
-        q3b = q[b, r3, c + 1]
-        q3c = q[b, r3, c + 2]
-        q3d = q[b, r3, c + 3]
-        for j in range(n):
-            xa = ka[j]
-            xb = kb[j]
-            xc = kc[j]
-            xd = kd[j]
-            s0[j] = (((s0[j] + q0a * xa) + q0b * xb) + q0c * xc) + q0d * xd
-            s1[j] = (((s1[j] + q1a * xa) + q1b * xb) + q1c * xc) + q1d * xd
-            s2[j] = (((s2[j] + q2a * xa) + q2b * xb) + q2c * xc) + q2d * xd
-            s3[j] = (((s3[j] + q3a * xa) + q3b * xb) + q3c * xc) + q3d * xd
-        c += 4
-    while c < d:
-        ka = kt[bk, c, blo:blo + n]
-        q0a = q[b, r0, c]
-        q1a = q[b, r1, c]
-        q2a = q[b, r2, c]
-        q3a = q[b, r3, c]
-        for j in range(n):
-            xa = ka[j]
-            s0[j] += q0a * xa
-            s1[j] += q1a * xa
-            s2[j] += q2a * xa
-            s3[j] += q3a * xa
-        c += 1
+@inlined
+def _scores_tiles(ktf, mp, qp, s, kbase, d, blo, bhi):
+    """s[r*mp + j] = q_r . k_j for the _QB rows packed in ``qp`` (``qp[c*_QB + r]``) and
+    every key j of the score tiles (``_KT`` keys each, aligned to ``_KT``) covering
+    ``blo .. bhi``: each score one chain over the features in increasing order, starting
+    from 0.0, every term ``fl(s + fl(q*k))`` (the micro-kernel of the float GEMMs with
+    separately rounded products).  ``ktf`` holds the keys transposed and zero-padded to
+    ``mp`` columns (``ktf[kbase + c*mp + j] = k[., j, c]``); scores of keys outside
+    ``blo .. bhi`` are computed too and ignored."""
+    j0 = (blo // _KT) * _KT
+    while j0 <= bhi:
+        _mscore(ktf, kbase + j0, mp, qp, 0, d, s, j0, mp, True, j0)
+        j0 += _KT
 
 
-@helper
-def _values_block(v, b, blo, n, w0, w1, w2, w3, o0, o1, o2, o3):
-    """o_r[:] = sum_j w_r[j] * v[b, blo + j, :] for the 4 rows of a block, j increasing,
-    starting from 0.0 (four keys folded per pass, same order)."""
-    f = v.shape[2]
-    for c in range(f):
-        o0[c] = 0.0
-        o1[c] = 0.0
-        o2[c] = 0.0
-        o3[c] = 0.0
-    j = 0
-    while j + 4 <= n:
-        va = v[b, blo + j]
-        vb = v[b, blo + j + 1]
-        vc = v[b, blo + j + 2]
-        vd = v[b, blo + j + 3]
-        w0a = w0[j]
-        w0b = w0[j + 1]
-        w0c = w0[j + 2]
-        w0d = w0[j + 3]
-        w1a = w1[j]
-        w1b = w1[j + 1]
-        w1c = w1[j + 2]
-        w1d = w1[j + 3]
-        w2a = w2[j]
-        w2b = w2[j + 1]
-        w2c = w2[j + 2]
-        w2d = w2[j + 3]
-        w3a = w3[j]
-        w3b = w3[j + 1]
-        w3c = w3[j + 2]
-        w3d = w3[j + 3]
-        for c in range(f):
-            xa = va[c]
-            xb = vb[c]
-            xc = vc[c]
-            xd = vd[c]
-            o0[c] = (((o0[c] + w0a * xa) + w0b * xb) + w0c * xc) + w0d * xd
-            o1[c] = (((o1[c] + w1a * xa) + w1b * xb) + w1c * xc) + w1d * xd
-            o2[c] = (((o2[c] + w2a * xa) + w2b * xb) + w2c * xc) + w2d * xd
-            o3[c] = (((o3[c] + w3a * xa) + w3b * xb) + w3c * xc) + w3d * xd
-        j += 4
-    while j < n:
-        va = v[b, blo + j]
-        w0a = w0[j]
-        w1a = w1[j]
-        w2a = w2[j]
-        w3a = w3[j]
-        for c in range(f):
-            xa = va[c]
-            o0[c] += w0a * xa
-            o1[c] += w1a * xa
-            o2[c] += w2a * xa
-            o3[c] += w3a * xa
-        j += 1
+@inlined
+def _values_tiles(vf, vbase, fp, wp, n, op):
+    """op[r*fp + c] = sum_j wp[j*_QB + r] * v_j[c] for the _QB rows, j = 0 .. n-1 increasing,
+    starting from 0.0, every term ``fl(o + fl(w*v))``; ``v_j[c] = vf[vbase + j*fp + c]``
+    (``fp`` a multiple of ``_KT``)."""
+    f0 = 0
+    while f0 < fp:
+        _mvalue(vf, vbase + f0, fp, wp, 0, n, op, f0, fp, True, f0)
+        f0 += _KT
 
 
-@helper
-def _softmax_row(sr, mr, br, dense, has_bias, sqrt_d, inv_d, wr, bits):
-    """Scores of one row's keys lo..hi -> normalised weights.
+@inlined
+def _zero(a, off, n):
+    """a[off:off + n] = 0.0"""
+    uo = np.uint64(off)
+    for j in range(np.uint64(n)):
+        a[uo + j] = 0.0
 
-    ``sr`` holds ``q . k_j`` for the keys lo..hi (overwritten), ``mr``/``br`` are the mask and
-    bias over the same keys (``br`` ignored unless ``has_bias``; ``mr`` ignored when
-    ``dense``, i.e. every key in the range is allowed), ``wr`` receives the weights (exact 0
-    for masked keys), ``bits`` is int64 scratch.  ``inv_d`` is ``1/sqrt_d`` when that is
-    exact (sqrt_d a power of two: then ``x * inv_d == x / sqrt_d`` bitwise) or the
-    caller's explicit scale (scores ``x * scale``), else 0.
-    Returns False when an allowed score is not finite."""
-    n = sr.shape[0]
+
+@inlined
+def _scale_scores(s, so, n, biasf, bo, has_bias, inv_d, sqrt_d):
+    """s[so + j] <- s[so + j] * inv_d (+ bias), or / sqrt_d when ``inv_d`` is 0, j < n."""
+    us, ub, un = np.uint64(so), np.uint64(bo), np.uint64(n)
     if inv_d != 0.0:
         if has_bias:
-            for j in range(n):
-                sr[j] = sr[j] * inv_d + br[j]
+            for j in range(un):
+                s[us + j] = s[us + j] * inv_d + biasf[ub + j]
         else:
-            for j in range(n):
-                sr[j] = sr[j] * inv_d
+            for j in range(un):
+                s[us + j] = s[us + j] * inv_d
     else:
         if has_bias:
-            for j in range(n):
-                sr[j] = sr[j] / sqrt_d + br[j]
+            for j in range(un):
+                s[us + j] = s[us + j] / sqrt_d + biasf[ub + j]
         else:
-            for j in range(n):
-                sr[j] = sr[j] / sqrt_d
-    mx = -np.inf
-    if dense:
-        acc = 0.0
-        for j in range(n):
-            acc += sr[j] * 0.0
-        if acc != 0.0:
-            return False
-        for j in range(n):
-            if sr[j] > mx:
-                mx = sr[j]
-    else:
-        for j in range(n):
-            if mr[j]:
-                x = sr[j]
-                if not (x - x == 0.0):
-                    return False
-                if x > mx:
-                    mx = x
-        for j in range(n):
-            sr[j] = sr[j] if mr[j] else -np.inf
-    _exp_shifted(sr, mx, bits)
-    total = 0.0
-    for j in range(n):
-        total += sr[j]
-    for j in range(n):
-        wr[j] = sr[j] / total
-    return True
+            for j in range(un):
+                s[us + j] = s[us + j] / sqrt_d
 
 
-@helper
-def _zero(a):
-    for j in range(a.shape[0]):
-        a[j] = 0.0
+@inlined
+def _softmax_block(s, mp, blo, n, nr, span, flags, mf, mo, biasf, bo, has_bias, inv_d,
+                   sqrt_d, wf, wo, m_keys, bits, bitsf, status, srow):
+    """Scores of the block's rows (``s[r*mp + blo + j]``, j < n) -> normalised weights in
+    the rows ``wf[wo + r*m_keys ...]`` (exact 0 outside each row's allowed keys); ``mo``,
+    ``bo``: offsets of row 0's mask and bias rows (``mf``, ``biasf`` flat, rows of
+    ``m_keys``).  Rows whose allowed scores are not all finite are marked
+    ``SCORE_OVERFLOW`` at ``status[srow + r]`` and lose ``live``.  ``inv_d``: ``1/sqrt_d``
+    when that is exact (sqrt_d a power of two, so ``x * inv_d == x / sqrt_d`` bitwise) or
+    the caller's explicit scale, else 0.
+
+    Per row the operations are those of the specification: score scaled (``+ bias``),
+    ``m`` the maximum of the allowed scores, ``e = exp(s - m)`` (:func:`_exp_shifted`),
+    ``t`` the sum of ``e`` over the allowed keys in increasing order from 0.0, ``e / t``.
+    Keys of the block span that a row does not allow are set to -inf, so their ``e`` is
+    exact 0 and adds nothing to ``t`` (``t`` is never -0.0).  The four rows' maxima and
+    sums run as four interleaved chains."""
+    for r in range(nr):
+        if not flags[_QB + r]:
+            continue
+        base = r * mp + blo
+        _scale_scores(s, base, n, biasf, bo + r * m_keys + blo, has_bias, inv_d, sqrt_d)
+        a = span[r] - blo
+        z = span[_QB + r] - blo
+        ok = True
+        if flags[r]:
+            # a count, not a float chain: the check vectorises
+            bad = 0
+            ua = np.uint64(base + a)
+            for j in range(np.uint64(z + 1 - a)):
+                x = s[ua + j]
+                bad += not (x - x == 0.0)
+            ok = bad == 0
+        else:
+            mrow = mo + r * m_keys + blo
+            for j in range(a, z + 1):
+                if mf[mrow + j]:
+                    x = s[base + j]
+                    if not (x - x == 0.0):
+                        ok = False
+                else:
+                    s[base + j] = -np.inf
+        if not ok:
+            status[srow + r] = SCORE_OVERFLOW
+            flags[_QB + r] = False
+            _zero(wf, wo + r * m_keys, m_keys)
+            continue
+        for j in range(a):
+            s[base + j] = -np.inf
+        for j in range(z + 1, n):
+            s[base + j] = -np.inf
+    # maxima: four chains side by side (rows that are not live give ignored values)
+    u0 = np.uint64(blo)
+    u1 = np.uint64(mp + blo)
+    u2 = np.uint64(2 * mp + blo)
+    u3 = np.uint64(3 * mp + blo)
+    un = np.uint64(n)
+    m0 = -np.inf
+    m1 = -np.inf
+    m2 = -np.inf
+    m3 = -np.inf
+    for j in range(un):
+        x0 = s[u0 + j]
+        x1 = s[u1 + j]
+        x2 = s[u2 + j]
+        x3 = s[u3 + j]
+        m0 = x0 if x0 > m0 else m0
+        m1 = x1 if x1 > m1 else m1
+        m2 = x2 if x2 > m2 else m2
+        m3 = x3 if x3 > m3 else m3
+    for r in range(nr):
+        if flags[_QB + r]:
+            m = m0 if r == 0 else (m1 if r == 1 else (m2 if r == 2 else m3))
+            _exp_shifted(s, r * mp + blo, n, m, bits, bitsf)
+    t0 = 0.0
+    t1 = 0.0
+    t2 = 0.0
+    t3 = 0.0
+    for j in range(un):
+        t0 += s[u0 + j]
+        t1 += s[u1 + j]
+        t2 += s[u2 + j]
+        t3 += s[u3 + j]
+    for r in range(nr):
+        if flags[_QB + r]:
+            t = t0 if r == 0 else (t1 if r == 1 else (t2 if r == 2 else t3))
+            wrow = wo + r * m_keys
+            _zero(wf, wrow, blo)
+            us = np.uint64(r * mp + blo)
+            uw = np.uint64(wrow + blo)
+            for j in range(un):
+                wf[uw + j] = s[us + j] / t
+            _zero(wf, wrow + blo + n, m_keys - blo - n)
 
 
-@helper
-def _attend_block(q, kt, v, mask, bias, out, weights, b, bk, i0, nr, mb, bb, s, bits, lo, hi,
-                  dense, live, zw, scratch, status, scale):
-    """Rows i0 .. i0+nr-1 of batch b, keys/values of batch bk (see the module docstring)."""
-    m_keys = kt.shape[2]
-    f = v.shape[2]
-    n_q = q.shape[1]
-    has_mask = mask.shape[0] > 0
-    has_bias = bias.shape[0] > 0
-    d = q.shape[2]
+@inlined
+def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_keys, f, b, bk,
+                  i0, nr, mb, bb, s, qp, wp, op, bits, bitsf, span, flags, status, scale):
+    """Rows i0 .. i0+nr-1 of batch b, keys/values of batch bk (see the module docstring).
+
+    Flat C-order arrays: ``qf [B, N, D]``, ``mf`` / ``biasf`` / ``wf`` ``[., N, M]``,
+    ``outf [B, N, F]``; ``ktf``/``vf``: the keys transposed and the values, zero-padded to
+    ``mp`` keys and ``fp`` features (multiples of ``_KT``); scratch ``s [_QB * mp]``,
+    ``qp [D * _QB]``, ``wp [M * _QB]``, ``op [_QB * fp]``."""
+    has_mask = mf.shape[0] > 0
+    has_bias = biasf.shape[0] > 0
     sqrt_d = np.sqrt(np.float64(d))
     # sqrt(D) is a power of two iff D is a power of four
     inv_d = 1.0 / sqrt_d if (d & (d - 1)) == 0 and (d & 0x5555555555555555) != 0 else 0.0
     if scale != 0.0:
         inv_d = scale
+    mo = (mb * n_q + i0) * m_keys
+    bo = (bb * n_q + i0) * m_keys
+    wo = (b * n_q + i0) * m_keys
+    oo = (b * n_q + i0) * f
     blo = m_keys
     bhi = -1
     for r in range(nr):
         if has_mask:
-            a, z, cnt = _row_range(mask[mb, i0 + r])
+            mrow = mb * n_q + i0 + r
+            a = ranges[3 * mrow]
+            z = ranges[3 * mrow + 1]
+            cnt = ranges[3 * mrow + 2]
         else:
             a = 0
             z = m_keys - 1
             cnt = m_keys
-        lo[r] = a
-        hi[r] = z
-        dense[r] = cnt == z - a + 1
-        live[r] = cnt > 0
+        span[r] = a
+        span[_QB + r] = z
+        flags[r] = cnt == z - a + 1
+        flags[_QB + r] = cnt > 0
         if cnt > 0:
             blo = min(blo, a)
             bhi = max(bhi, z)
-    for r in range(nr):
-        _zero(out[b, i0 + r])
+    _zero(outf, oo, nr * f)
     if bhi < blo:
-        for r in range(nr):
-            _zero(weights[b, i0 + r])
+        _zero(wf, wo, nr * m_keys)
         return
     n = bhi + 1 - blo
-    _scores_block(q, kt, s, b, bk, i0, nr, blo, n)
+    # the block's query rows, feature-major (rows past nr repeat the last real row)
+    for r in range(_QB):
+        qo = (b * n_q + i0 + min(r, nr - 1)) * d
+        for c in range(d):
+            qp[c * _QB + r] = qf[qo + c]
+    _scores_tiles(ktf, mp, qp, s, bk * d * mp, d, blo, bhi)
     for r in range(nr):
-        i = i0 + r
-        wr = weights[b, i]
-        if not live[r]:
-            _zero(wr)
-            continue
-        a = lo[r]
-        z = hi[r]
-        sr = s[r, a - blo:z + 1 - blo]
-        mr = mask[mb, i, a:z + 1] if has_mask else mask.reshape(-1)[0:0]
-        br = bias[bb, i, a:z + 1] if has_bias else bias.reshape(-1)[0:0]
-        _zero(wr[:a])
-        _zero(wr[z + 1:])
-        if not _softmax_row(sr, mr, br, dense[r], has_bias, sqrt_d, inv_d, wr[a:z + 1], bits):
-            status[b * n_q + i] = SCORE_OVERFLOW
-            live[r] = False
-            _zero(wr)
+        if not flags[_QB + r]:
+            _zero(wf, wo + r * m_keys, m_keys)
+    _softmax_block(s, mp, blo, n, nr, span, flags, mf, mo, biasf, bo, has_bias, inv_d,
+                   sqrt_d, wf, wo, m_keys, bits, bitsf, status,
+                   b * n_q + i0)
     # out = weights @ v over the keys blo..bhi, increasing j (weights of masked keys are
-    # exact zeros, so they add nothing); rows that are not live write to scratch
-    zw = zw[:n]
-    w0 = weights[b, i0, blo:bhi + 1] if live[0] else zw
-    o0 = out[b, i0] if live[0] else scratch[0]
-    w1 = weights[b, i0 + 1, blo:bhi + 1] if nr > 1 and live[1] else zw
-    o1 = out[b, i0 + 1] if nr > 1 and live[1] else scratch[1]
-    w2 = weights[b, i0 + 2, blo:bhi + 1] if nr > 2 and live[2] else zw
-    o2 = out[b, i0 + 2] if nr > 2 and live[2] else scratch[2]
-    w3 = weights[b, i0 + 3, blo:bhi + 1] if nr > 3 and live[3] else zw
-    o3 = out[b, i0 + 3] if nr > 3 and live[3] else scratch[3]
-    _values_block(v, bk, blo, n, w0, w1, w2, w3, o0, o1, o2, o3)
+    # exact zeros, so they add nothing); rows that are not live get zero weights and their
+    # sums are dropped
+    un = np.uint64(n)
+    for r in range(_QB):
+        ur = np.uint64(r)
+        if r < nr and flags[_QB + r]:
+            uw = np.uint64(wo + r * m_keys + blo)
+            for j in range(un):
+                wp[j * np.uint64(_QB) + ur] = wf[uw + j]
+        else:
+            for j in range(un):
+                wp[j * np.uint64(_QB) + ur] = 0.0
+    _values_tiles(vf, (bk * m_keys + blo) * fp, fp, wp, n, op)
+    uf = np.uint64(f)
     for r in range(nr):
-        i = i0 + r
-        if live[r]:
-            orow = out[b, i]
-            acc = 0.0
-            for c in range(f):
-                acc += orow[c] * 0.0
-            if acc != 0.0:
-                status[b * n_q + i] = OVERFLOW
+        if flags[_QB + r]:
+            uo = np.uint64(oo + r * f)
+            up = np.uint64(r * fp)
+            bad = 0
+            for c in range(uf):
+                x = op[up + c]
+                outf[uo + c] = x
+                bad += not (x - x == 0.0)
+            if bad != 0:
+                status[b * n_q + i0 + r] = OVERFLOW
 
 
 @kernel
@@ -405,20 +380,46 @@ def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale):
     nb, n_q, d = q.shape
     nbk = k.shape[0]
     m_keys = k.shape[1]
+    f = v.shape[2]
     nbm = mask.shape[0]
     nbb = bias.shape[0]
     gm = nb // nbm if nbm > 0 else 1
     gb = nb // nbb if nbb > 0 else 1
+    mp = (m_keys + _KT - 1) // _KT * _KT
+    fp = (f + _KT - 1) // _KT * _KT
 
-    # keys transposed to [B, D, M] so that the score loop streams contiguous keys
-    kt = np.empty((nbk, d, m_keys), dtype=np.float64)
+    # keys transposed to [B, D, mp] and values to [B, M, fp], zero-padded to whole tiles
+    ktf = np.empty(nbk * d * mp, dtype=np.float64)
     for t in prange(nbk * d):
         b = t // d
         c = t - b * d
-        kr = kt[b, c]
+        base = t * mp
         for j in range(m_keys):
-            kr[j] = k[b, j, c]
+            ktf[base + j] = k[b, j, c]
+        for j in range(m_keys, mp):
+            ktf[base + j] = 0.0
+    vf = np.empty(nbk * m_keys * fp, dtype=np.float64)
+    for t in prange(nbk * m_keys):
+        b = t // m_keys
+        j = t - b * m_keys
+        base = t * fp
+        for c in range(f):
+            vf[base + c] = v[b, j, c]
+        for c in range(f, fp):
+            vf[base + c] = 0.0
 
+    # (first allowed key, last allowed key, allowed keys) of every mask row, once per call
+    ranges = np.empty(3 * nbm * n_q, dtype=np.int64)
+    mf = mask.reshape(-1)
+    for t in prange(nbm * n_q):
+        a, z, cnt = _row_range(mf, t * m_keys, m_keys)
+        ranges[3 * t] = a
+        ranges[3 * t + 1] = z
+        ranges[3 * t + 2] = cnt
+    qf = q.reshape(-1)
+    biasf = bias.reshape(-1)
+    outf = out.reshape(-1)
+    wf = weights.reshape(-1)
     nblk = (n_q + _QB - 1) // _QB
     status = np.zeros(nb * n_q, dtype=np.int8)
     # blocks are processed in a fixed number of contiguous chunks (scratch allocated once
@@ -428,20 +429,21 @@ def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale):
     for ch in prange(nchunk):
         t0 = ch * total // nchunk
         t1 = (ch + 1) * total // nchunk
-        s = np.empty((_QB, m_keys), dtype=np.float64)
+        s = np.empty(_QB * mp, dtype=np.float64)
+        qp = np.empty(d * _QB, dtype=np.float64)
+        wp = np.empty(m_keys * _QB, dtype=np.float64)
+        op = np.empty(_QB * fp, dtype=np.float64)
         bits = np.empty(m_keys, dtype=np.int64)
-        lo = np.empty(_QB, dtype=np.int64)
-        hi = np.empty(_QB, dtype=np.int64)
-        dense = np.empty(_QB, dtype=np.bool_)
-        live = np.empty(_QB, dtype=np.bool_)
-        zw = np.zeros(m_keys, dtype=np.float64)
-        scratch = np.empty((_QB, v.shape[2]), dtype=np.float64)
+        bitsf = bits.view(np.float64)
+        span = np.empty(2 * _QB, dtype=np.int64)      # first, last allowed key per row
+        flags = np.empty(2 * _QB, dtype=np.bool_)     # dense, live per row
         for t in range(t0, t1):
             b = t // nblk
             i0 = (t - b * nblk) * _QB
             nr = min(n_q - i0, _QB)
-            _attend_block(q, kt, v, mask, bias, out, weights, b, b // gkv, i0, nr, b // gm,
-                          b // gb, s, bits, lo, hi, dense, live, zw, scratch, status, scale)
+            _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_keys, f, b,
+                          b // gkv, i0, nr, b // gm, b // gb, s, qp, wp, op, bits, bitsf,
+                          span, flags, status, scale)
     for r in range(nb * n_q):
         if status[r] != OK:
             return np.int64(status[r]), np.int64(r)
