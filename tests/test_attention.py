@@ -696,3 +696,85 @@ def test_sdpa_kernel_is_the_specified_order_bit_for_bit(B, N, M, D, F, kind, gkv
     want_out, want_w = _sdpa_in_specified_order(q, k, v, mask, bias, scale)
     assert w.tobytes() == want_w.tobytes()
     assert out.tobytes() == want_out.tobytes()
+
+
+def _backward_in_specified_order(q, k, v, p, go, scale):
+    """``attention_backward``'s specification as plain numpy (every product and sum rounded
+    separately, sums in the documented order, loops over the summation index)."""
+    B, N, D = q.shape
+    M, F = v.shape[1:]
+    dq, dk, dv = np.zeros((B, N, D)), np.zeros((B, M, D)), np.zeros((B, M, F))
+    for b in range(B):
+        ds = np.zeros((N, M))
+        for i in range(N):
+            nz = np.flatnonzero(p[b, i])
+            if nz.size == 0:
+                continue
+            js = np.arange(nz[0], nz[-1] + 1)
+            dp = np.zeros(js.size)
+            for f in range(F):
+                dp = dp + go[b, i, f] * v[b, js, f]
+            acc = 0.0
+            for t, j in enumerate(js):
+                acc += dp[t] * p[b, i, j]
+            ds[i, js] = p[b, i, js] * (dp - acc) * scale
+        for i in range(N):
+            dv[b] = dv[b] + p[b, i][:, None] * go[b, i][None, :]
+            dk[b] = dk[b] + ds[i][:, None] * q[b, i][None, :]
+        for j in range(M):
+            dq[b] = dq[b] + ds[:, j][:, None] * k[b, j][None, :]
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("B,N,M,D,F,kind", [
+    (2, 64, 64, 16, 16, "causal"),     # the character transformer's heads
+    (3, 9, 33, 5, 17, "random"),       # tails of every tile and feature block
+    (2, 17, 20, 64, 3, "none"),
+])
+def test_attention_backward_is_the_specified_order_bit_for_bit(B, N, M, D, F, kind):
+    from hmath_dl._kernels.attention import attention_backward, attention_forward
+    rng = np.random.default_rng(N * M + D)
+    q, k = rng.standard_normal((B, N, D)), rng.standard_normal((B, M, D))
+    v, go = rng.standard_normal((B, M, F)), rng.standard_normal((B, N, F))
+    if kind == "causal":
+        mask = np.tril(np.ones((N, M), bool), M - N)[None]
+    elif kind == "random":
+        mask = rng.random((B, N, M)) < 0.5
+        mask[0, 1] = False
+    else:
+        mask = np.ones((0, 0, 0), bool)
+    out, p = np.empty((B, N, F)), np.empty((B, N, M))
+    attention_forward(q, k, v, mask, np.zeros((0, 0, 0)), out, p)
+    got = [np.full(a.shape, np.nan) for a in (q, k, v)]
+    attention_backward(q, k, v, p, go, 0.3, *got)
+    want = _backward_in_specified_order(q, k, v, p, go, 0.3)
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
+
+
+def test_head_layout_is_the_split_heads_computation_bit_for_bit():
+    """heads=h reads and writes each head's feature columns in place: the same bits as
+    the split [B*h, N, D/h] problems with heads=1, forward and backward."""
+    from hmath_dl._kernels.attention import attention_backward, attention_forward
+    rng = np.random.default_rng(5)
+    b, n, m, h, dh, fh = 3, 10, 13, 4, 5, 3
+    q, k = rng.standard_normal((b, n, h * dh)), rng.standard_normal((b, m, h * dh))
+    v, go = rng.standard_normal((b, m, h * fh)), rng.standard_normal((b, n, h * fh))
+    mask = rng.random((b, n, m)) < 0.7
+    split = lambda a, w: np.ascontiguousarray(  # noqa: E731
+        a.reshape(a.shape[0], a.shape[1], h, w).transpose(0, 2, 1, 3)).reshape(-1, a.shape[1], w)
+    out, p = np.empty((b, n, h * fh)), np.empty((b * h, n, m))
+    assert attention_forward(q, k, v, mask, np.zeros((0, 0, 0)), out, p, heads=h) == (0, -1)
+    out1, p1 = np.empty((b * h, n, fh)), np.empty((b * h, n, m))
+    attention_forward(split(q, dh), split(k, dh), split(v, fh), mask, np.zeros((0, 0, 0)),
+                      out1, p1)
+    assert p.tobytes() == p1.tobytes()
+    assert split(out, fh).tobytes() == out1.tobytes()
+    grads = [np.empty(a.shape) for a in (q, k, v)]
+    attention_backward(q, k, v, p, go, 0.5, *grads, heads=h)
+    grads1 = [np.empty((b * h,) + a.shape[1:2] + (w,)) for a, w in ((q, dh), (k, dh), (v, fh))]
+    attention_backward(split(q, dh), split(k, dh), split(v, fh), p, split(go, fh), 0.5, *grads1)
+    for g, g1, w in zip(grads, grads1, (dh, dh, fh)):
+        assert split(g, w).tobytes() == g1.tobytes()
+    with pytest.raises(ValueError):
+        attention_forward(q, k, v, mask, np.zeros((0, 0, 0)), out, p, gkv=2, heads=h)

@@ -142,8 +142,8 @@ def _exp_shifted(x, off, n, shift, bits, bitsf):
 
 
 @inlined
-def _scores_tiles(ktf, mp, qp, s, kbase, d, blo, bhi):
-    """s[r*mp + j] = q_r . k_j for the _QB rows packed in ``qp`` (``qp[c*_QB + r]``) and
+def _scores_tiles(ktf, mp, qp, qpo, s, kbase, d, blo, bhi):
+    """s[r*mp + j] = q_r . k_j for the _QB rows packed in ``qp`` (``qp[qpo + c*_QB + r]``) and
     every key j of the score tiles (``_KT`` keys each, aligned to ``_KT``) covering
     ``blo .. bhi``: each score one chain over the features in increasing order, starting
     from 0.0, every term ``fl(s + fl(q*k))`` (the micro-kernel of the float GEMMs with
@@ -152,18 +152,18 @@ def _scores_tiles(ktf, mp, qp, s, kbase, d, blo, bhi):
     ``blo .. bhi`` are computed too and ignored."""
     j0 = (blo // _KT) * _KT
     while j0 <= bhi:
-        _mscore(ktf, kbase + j0, mp, qp, 0, d, s, j0, mp, True, j0)
+        _mscore(ktf, kbase + j0, mp, qp, qpo, d, s, j0, mp, True, j0)
         j0 += _KT
 
 
 @inlined
-def _values_tiles(vf, vbase, fp, wp, n, op):
-    """op[r*fp + c] = sum_j wp[j*_QB + r] * v_j[c] for the _QB rows, j = 0 .. n-1 increasing,
+def _values_tiles(vf, vbase, fp, wp, wpo, n, op, opo):
+    """op[opo + r*fp + c] = sum_j wp[wpo + j*_QB + r] * v_j[c] for the _QB rows, j < n increasing,
     starting from 0.0, every term ``fl(o + fl(w*v))``; ``v_j[c] = vf[vbase + j*fp + c]``
     (``fp`` a multiple of ``_KT``)."""
     f0 = 0
     while f0 < fp:
-        _mvalue(vf, vbase + f0, fp, wp, 0, n, op, f0, fp, True, f0)
+        _mvalue(vf, vbase + f0, fp, wp, wpo, n, op, opo + f0, fp, True, opo + f0)
         f0 += _KT
 
 
@@ -291,14 +291,24 @@ def _softmax_block(s, mp, blo, n, nr, span, flags, mf, mo, biasf, bo, has_bias, 
 
 
 @inlined
-def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_keys, f, b, bk,
-                  i0, nr, mb, bb, s, qp, wp, op, bits, bitsf, span, flags, status, scale):
+def _problem_base(b, n, heads, width):
+    """(offset of row 0, row stride) of problem ``b`` in an array ``[B/heads, n,
+    heads*width]`` holding problem ``b``'s rows at the feature columns of head
+    ``b % heads`` (``heads == 1``: plain ``[B, n, width]``)."""
+    return (b // heads) * n * heads * width + (b % heads) * width, heads * width
+
+
+@inlined
+def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_keys, f, heads,
+                  b, bk, i0, nr, mb, bb, s, bits, bitsf, span, flags, status, scale):
     """Rows i0 .. i0+nr-1 of batch b, keys/values of batch bk (see the module docstring).
 
-    Flat C-order arrays: ``qf [B, N, D]``, ``mf`` / ``biasf`` / ``wf`` ``[., N, M]``,
-    ``outf [B, N, F]``; ``ktf``/``vf``: the keys transposed and the values, zero-padded to
-    ``mp`` keys and ``fp`` features (multiples of ``_KT``); scratch ``s [_QB * mp]``,
-    ``qp [D * _QB]``, ``wp [M * _QB]``, ``op [_QB * fp]``."""
+    Flat C-order arrays: ``qf`` / ``outf`` in the head layout of :func:`_problem_base`
+    (``[B/heads, N, heads*D]``, ``F`` for ``outf``), ``mf`` / ``biasf`` / ``wf`` ``[., N,
+    M]``; ``ktf``/``vf``: the keys transposed and the values, zero-padded to ``mp`` keys and
+    ``fp`` features (multiples of ``_KT``); scratch ``s``: the scores ``[_QB, mp]``, then
+    the packed queries ``[D, _QB]``, the packed weights ``[M, _QB]`` and the outputs
+    ``[_QB, fp]``."""
     has_mask = mf.shape[0] > 0
     has_bias = biasf.shape[0] > 0
     sqrt_d = np.sqrt(np.float64(d))
@@ -309,7 +319,11 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
     mo = (mb * n_q + i0) * m_keys
     bo = (bb * n_q + i0) * m_keys
     wo = (b * n_q + i0) * m_keys
-    oo = (b * n_q + i0) * f
+    qb, qs = _problem_base(b, n_q, heads, d)
+    ob, os_ = _problem_base(b, n_q, heads, f)
+    qpo = _QB * mp                  # the scratch's parts
+    wpo = qpo + d * _QB
+    opo = wpo + m_keys * _QB
     blo = m_keys
     bhi = -1
     for r in range(nr):
@@ -329,17 +343,18 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
         if cnt > 0:
             blo = min(blo, a)
             bhi = max(bhi, z)
-    _zero(outf, oo, nr * f)
+    for r in range(nr):
+        _zero(outf, ob + (i0 + r) * os_, f)
     if bhi < blo:
         _zero(wf, wo, nr * m_keys)
         return
     n = bhi + 1 - blo
     # the block's query rows, feature-major (rows past nr repeat the last real row)
     for r in range(_QB):
-        qo = (b * n_q + i0 + min(r, nr - 1)) * d
+        qo = qb + (i0 + min(r, nr - 1)) * qs
         for c in range(d):
-            qp[c * _QB + r] = qf[qo + c]
-    _scores_tiles(ktf, mp, qp, s, bk * d * mp, d, blo, bhi)
+            s[qpo + c * _QB + r] = qf[qo + c]
+    _scores_tiles(ktf, mp, s, qpo, s, bk * d * mp, d, blo, bhi)
     for r in range(nr):
         if not flags[_QB + r]:
             _zero(wf, wo + r * m_keys, m_keys)
@@ -350,24 +365,25 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
     # exact zeros, so they add nothing); rows that are not live get zero weights and their
     # sums are dropped
     un = np.uint64(n)
+    uwp = np.uint64(wpo)
     for r in range(_QB):
         ur = np.uint64(r)
         if r < nr and flags[_QB + r]:
             uw = np.uint64(wo + r * m_keys + blo)
             for j in range(un):
-                wp[j * np.uint64(_QB) + ur] = wf[uw + j]
+                s[uwp + j * np.uint64(_QB) + ur] = wf[uw + j]
         else:
             for j in range(un):
-                wp[j * np.uint64(_QB) + ur] = 0.0
-    _values_tiles(vf, (bk * m_keys + blo) * fp, fp, wp, n, op)
+                s[uwp + j * np.uint64(_QB) + ur] = 0.0
+    _values_tiles(vf, (bk * m_keys + blo) * fp, fp, s, wpo, n, s, opo)
     uf = np.uint64(f)
     for r in range(nr):
         if flags[_QB + r]:
-            uo = np.uint64(oo + r * f)
-            up = np.uint64(r * fp)
+            uo = np.uint64(ob + (i0 + r) * os_)
+            up = np.uint64(opo + r * fp)
             bad = 0
             for c in range(uf):
-                x = op[up + c]
+                x = s[up + c]
                 outf[uo + c] = x
                 bad += not (x - x == 0.0)
             if bad != 0:
@@ -375,36 +391,41 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
 
 
 @kernel
-def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale):
+def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale, heads):
     """See the module docstring."""
-    nb, n_q, d = q.shape
-    nbk = k.shape[0]
-    m_keys = k.shape[1]
-    f = v.shape[2]
+    nb, n_q, m_keys = weights.shape
+    d = q.shape[2] // heads
+    f = v.shape[2] // heads
+    nbk = nb // gkv
     nbm = mask.shape[0]
     nbb = bias.shape[0]
     gm = nb // nbm if nbm > 0 else 1
     gb = nb // nbb if nbb > 0 else 1
     mp = (m_keys + _KT - 1) // _KT * _KT
     fp = (f + _KT - 1) // _KT * _KT
+    kflat = k.reshape(-1)
+    vflat = v.reshape(-1)
 
     # keys transposed to [B, D, mp] and values to [B, M, fp], zero-padded to whole tiles
     ktf = np.empty(nbk * d * mp, dtype=np.float64)
     for t in prange(nbk * d):
         b = t // d
         c = t - b * d
+        kb, ks = _problem_base(b, m_keys, heads, d)
         base = t * mp
         for j in range(m_keys):
-            ktf[base + j] = k[b, j, c]
+            ktf[base + j] = kflat[kb + j * ks + c]
         for j in range(m_keys, mp):
             ktf[base + j] = 0.0
     vf = np.empty(nbk * m_keys * fp, dtype=np.float64)
     for t in prange(nbk * m_keys):
         b = t // m_keys
         j = t - b * m_keys
+        vb, vs = _problem_base(b, m_keys, heads, f)
+        o = vb + j * vs
         base = t * fp
         for c in range(f):
-            vf[base + c] = v[b, j, c]
+            vf[base + c] = vflat[o + c]
         for c in range(f, fp):
             vf[base + c] = 0.0
 
@@ -429,10 +450,7 @@ def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale):
     for ch in prange(nchunk):
         t0 = ch * total // nchunk
         t1 = (ch + 1) * total // nchunk
-        s = np.empty(_QB * mp, dtype=np.float64)
-        qp = np.empty(d * _QB, dtype=np.float64)
-        wp = np.empty(m_keys * _QB, dtype=np.float64)
-        op = np.empty(_QB * fp, dtype=np.float64)
+        s = np.empty(_QB * (mp + d + m_keys + fp), dtype=np.float64)
         bits = np.empty(m_keys, dtype=np.int64)
         bitsf = bits.view(np.float64)
         span = np.empty(2 * _QB, dtype=np.int64)      # first, last allowed key per row
@@ -441,9 +459,9 @@ def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale):
             b = t // nblk
             i0 = (t - b * nblk) * _QB
             nr = min(n_q - i0, _QB)
-            _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_keys, f, b,
-                          b // gkv, i0, nr, b // gm, b // gb, s, qp, wp, op, bits, bitsf,
-                          span, flags, status, scale)
+            _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_keys, f,
+                          heads, b, b // gkv, i0, nr, b // gm, b // gb, s, bits, bitsf, span,
+                          flags, status, scale)
     for r in range(nb * n_q):
         if status[r] != OK:
             return np.int64(status[r]), np.int64(r)
@@ -498,14 +516,234 @@ def _rotary_forward(x, base, offset, out):
     return np.int64(NO_INDEX)
 
 
-def attention_forward(q, k, v, mask, bias, out, weights, gkv=1, scale=0.0):
-    """Scaled dot-product attention; see the module docstring (inputs are only read)."""
+def attention_forward(q, k, v, mask, bias, out, weights, gkv=1, scale=0.0, heads=1):
+    """Scaled dot-product attention; see the module docstring (inputs are only read).
+
+    ``heads > 1`` (then ``gkv == 1``): ``q``, ``k``, ``v`` and ``out`` are ``[B/heads, N,
+    heads*D]`` (``M``, ``F`` as usual) and problem ``b`` is head ``b % heads`` of batch
+    ``b // heads``, i.e. the feature columns ``[h*D, (h+1)*D)``: multi-head attention
+    without split or merge copies; ``weights`` is ``[B, N, M]`` as always."""
+    if heads != 1 and gkv != 1:
+        raise ValueError("attention_forward: heads > 1 needs gkv == 1")
     # inputs typed read-only: one compiled specialisation whether or not the caller's
     # arrays are read-only (e.g. views from ``cache_values``)
     return _attention_forward(readonly(q), readonly(k), readonly(v), readonly(mask),
-                              readonly(bias), out, weights, np.int64(gkv), float(scale))
+                              readonly(bias), out, weights, np.int64(gkv), float(scale),
+                              np.int64(heads))
 
 
 def rotary_forward(x, base, offset, out):
     """Rotary embedding; see the module docstring (``x`` is only read)."""
     return _rotary_forward(readonly(x), float(base), np.int64(offset), out)
+
+
+# --------------------------------------------------------------------------- backward
+@inlined
+def _padded_rows(src, o0, rs, rows, width, wp):
+    """``[rows, wp]`` copy of a ``[rows, width]`` operand (row ``i`` at ``src[o0 + i*rs]``),
+    zeros past ``width``: the micro-kernel's ``b`` rows, whole vectors."""
+    out = np.zeros(rows * wp)
+    for i in range(rows):
+        o = o0 + i * rs
+        for c in range(width):
+            out[i * wp + c] = src[o + c]
+    return out
+
+
+@inlined
+def _store_rows(acc, wp, r0, nr, width, out, o0, rs):
+    """Rows ``r0 .. r0+nr-1`` (at ``out[o0 + i*rs]``) <- the first ``width`` values of the
+    rows of ``acc [., wp]``."""
+    for r in range(nr):
+        o = o0 + (r0 + r) * rs
+        for c in range(width):
+            out[o + c] = acc[r * wp + c]
+
+
+@kernel
+def _attention_backward(q, k, v, p, go, scale, dq, dk, dv, heads):
+    """See :func:`attention_backward`."""
+    B, N, M = p.shape
+    D = q.shape[2] // heads
+    F = v.shape[2] // heads
+    mp = (M + _KT - 1) // _KT * _KT
+    n4 = (N + 3) // 4 * 4
+    dp = (D + _KT - 1) // _KT * _KT
+    fp = (F + _KT - 1) // _KT * _KT
+    qf, kf, vf, gf = q.reshape(-1), k.reshape(-1), v.reshape(-1), go.reshape(-1)
+    pf = p.reshape(-1)
+    dqf, dkf, dvf = dq.reshape(-1), dk.reshape(-1), dv.reshape(-1)
+    for b in prange(B):
+        po = b * N * M
+        qo, qs = _problem_base(b, N, heads, D)
+        ko, ks = _problem_base(b, M, heads, D)
+        vo, vs = _problem_base(b, M, heads, F)
+        go_, gs = _problem_base(b, N, heads, F)
+        # the b operands: v transposed [F, mp]; q, k and go padded to whole vectors
+        vt = np.zeros(F * mp)
+        for j in range(M):
+            o = vo + j * vs
+            for f in range(F):
+                vt[f * mp + j] = vf[o + f]
+        qpad = _padded_rows(qf, qo, qs, N, D, dp)
+        kpad = _padded_rows(kf, ko, ks, M, D, dp)
+        gpad = _padded_rows(gf, go_, gs, N, F, fp)
+        # the span [lo, hi] of non-zero weights of each row, and of each column
+        rlo = np.full(n4, mp, dtype=np.int64)
+        rhi = np.full(n4, -1, dtype=np.int64)
+        clo = np.full(mp, n4, dtype=np.int64)
+        chi = np.full(mp, -1, dtype=np.int64)
+        for i in range(N):
+            base = po + i * M
+            lo = 0
+            while lo < M and pf[base + lo] == 0.0:
+                lo += 1
+            if lo == M:
+                continue
+            hi = M - 1
+            while pf[base + hi] == 0.0:
+                hi -= 1
+            rlo[i] = lo
+            rhi[i] = hi
+            for j in range(np.uint64(lo), np.uint64(hi + 1)):
+                clo[j] = min(clo[j], i)
+            for j in range(np.uint64(lo), np.uint64(hi + 1)):
+                chi[j] = i
+        # dp[i, j] = sum_f go[i, f] v[j, f] (f increasing from 0.0), four rows at a time,
+        # then ds = p * (dp - sum_j dp p) * scale on each row's span, exact 0 elsewhere
+        ds = np.empty(n4 * mp)
+        ap = np.empty(max(F, M, N) * 4)
+        for i0 in range(0, N, 4):
+            nr = min(4, N - i0)
+            blo = mp
+            bhi = -1
+            for r in range(nr):
+                if rhi[i0 + r] >= 0:
+                    blo = min(blo, rlo[i0 + r])
+                    bhi = max(bhi, rhi[i0 + r])
+            if bhi >= 0:
+                for r in range(4):
+                    o = (i0 + min(r, nr - 1)) * fp
+                    for f in range(F):
+                        ap[f * 4 + r] = gpad[o + f]
+                j0 = (blo // _KT) * _KT
+                while j0 <= bhi:
+                    _mscore(vt, j0, mp, ap, 0, F, ds, i0 * mp + j0, mp, True, j0)
+                    j0 += _KT
+            # the four rows' sums of dp * p as interleaved chains over the block's span
+            # (a row's own span only: outside it the term is an exact +0.0 select, which
+            # leaves a sum that starts at +0.0 unchanged)
+            a0 = 0.0
+            a1 = 0.0
+            a2 = 0.0
+            a3 = 0.0
+            l0, h0 = rlo[i0], rhi[i0]
+            l1, h1 = rlo[i0 + 1], rhi[i0 + 1]
+            l2, h2 = rlo[i0 + 2], rhi[i0 + 2]
+            l3, h3 = rlo[i0 + 3], rhi[i0 + 3]
+            d0 = i0 * mp
+            p0 = po + i0 * M
+            for j in range(max(blo, 0), bhi + 1):
+                if l0 <= j <= h0:
+                    a0 += ds[d0 + j] * pf[p0 + j]
+                if l1 <= j <= h1:
+                    a1 += ds[d0 + mp + j] * pf[p0 + M + j]
+                if l2 <= j <= h2:
+                    a2 += ds[d0 + 2 * mp + j] * pf[p0 + 2 * M + j]
+                if l3 <= j <= h3:
+                    a3 += ds[d0 + 3 * mp + j] * pf[p0 + 3 * M + j]
+            for r in range(nr):
+                i = i0 + r
+                base = np.uint64(i * mp)
+                pb = np.uint64(po + i * M)
+                lo = rlo[i]
+                hi = rhi[i]
+                if hi < 0:
+                    for j in range(np.uint64(mp)):
+                        ds[base + j] = 0.0
+                    continue
+                acc = a0 if r == 0 else (a1 if r == 1 else (a2 if r == 2 else a3))
+                for j in range(np.uint64(lo)):
+                    ds[base + j] = 0.0
+                for j in range(np.uint64(lo), np.uint64(hi + 1)):
+                    ds[base + j] = pf[pb + j] * (ds[base + j] - acc) * scale
+                for j in range(np.uint64(hi + 1), np.uint64(mp)):
+                    ds[base + j] = 0.0
+        for j in range(np.uint64(N * mp), np.uint64(n4 * mp)):
+            ds[j] = 0.0
+        # dk[j, :] = sum_i ds[i, j] q[i, :] and dv[j, :] = sum_i p[i, j] go[i, :], i
+        # increasing over the rows that weight the block's four keys (zero terms elsewhere)
+        acc4 = np.empty(4 * max(dp, fp))
+        for j0 in range(0, M, 4):
+            nj = min(4, M - j0)
+            ilo = n4
+            ihi = -1
+            for j in range(j0, j0 + nj):
+                if chi[j] >= 0:
+                    ilo = min(ilo, clo[j])
+                    ihi = max(ihi, chi[j])
+            if ihi < 0:
+                ilo = 0
+                ihi = -1
+            nk = ihi + 1 - ilo
+            for t in range(nk):
+                o = (ilo + t) * mp + j0
+                for r in range(4):
+                    ap[t * 4 + r] = ds[o + r]
+            for c0 in range(0, dp, _KT):
+                _mscore(qpad, ilo * dp + c0, dp, ap, 0, nk, acc4, c0, dp, True, c0)
+            _store_rows(acc4, dp, j0, nj, D, dkf, ko, ks)
+            for t in range(nk):
+                o = po + (ilo + t) * M + j0
+                for r in range(4):
+                    ap[t * 4 + r] = pf[o + r] if r < nj else 0.0
+            for c0 in range(0, fp, _KT):
+                _mscore(gpad, ilo * fp + c0, fp, ap, 0, nk, acc4, c0, fp, True, c0)
+            _store_rows(acc4, fp, j0, nj, F, dvf, vo, vs)
+        # dq[i, :] = sum_j ds[i, j] k[j, :], j increasing over the keys that the block's four
+        # rows weight
+        for i0 in range(0, N, 4):
+            nr = min(4, N - i0)
+            jlo = mp
+            jhi = -1
+            for r in range(nr):
+                if rhi[i0 + r] >= 0:
+                    jlo = min(jlo, rlo[i0 + r])
+                    jhi = max(jhi, rhi[i0 + r])
+            if jhi < 0:
+                jlo = 0
+                jhi = -1
+            nk = jhi + 1 - jlo
+            for r in range(4):
+                o = (i0 + r) * mp + jlo
+                for t in range(nk):
+                    ap[t * 4 + r] = ds[o + t]
+            for c0 in range(0, dp, _KT):
+                _mscore(kpad, jlo * dp + c0, dp, ap, 0, nk, acc4, c0, dp, True, c0)
+            _store_rows(acc4, dp, i0, nr, D, dqf, qo, qs)
+
+
+def attention_backward(q, k, v, p, go, scale, dq, dk, dv, heads=1):
+    """Scaled dot-product attention backward for ``B`` independent problems.
+
+    ``p [B, N, M]`` the forward weights (0 for masked keys and fully masked rows),
+    ``scale = 1/sqrt(D)`` (or the forward's explicit scale); ``q``, ``go`` (the output
+    cotangent) and ``dq`` are ``[B/heads, N, heads*D]`` (``F`` for ``go``), ``k``, ``dk``
+    ``[B/heads, M, heads*D]``, ``v``, ``dv`` ``[B/heads, M, heads*F]``: problem ``b`` is
+    head ``b % heads`` of batch ``b // heads``, i.e. its rows are the feature columns
+    ``[h*D, (h+1)*D)`` (``heads == 1``: plain ``[B, N, D]``), so multi-head attention needs
+    no split or merge copies.  C-contiguous float64; ``q, k, v, p, go`` are only read::
+
+        dv = p^T go;  dp = go v^T;  ds = p * (dp - rowsum(dp * p)) * scale;
+        dq = ds k;  dk = ds^T q
+
+    Fixed summation orders (every product and sum rounded separately, as in the forward):
+    ``dp[i, j]`` over ``f`` increasing from 0.0, ``rowsum`` over the row's keys increasing,
+    ``dq[i, :]`` over keys ``j`` increasing, ``dk[j, :]`` and ``dv[j, :]`` over queries
+    ``i`` increasing.  ``ds`` is exact 0 where ``p`` is (outside each row's span of
+    non-zero weights), so the products visit only the spans' tiles: a zero term adds
+    exactly nothing to a sum that starts at +0.0.  The products run on the float GEMMs'
+    micro-kernel (register tiles of 4 x ``_KT``).  Parallel over ``B``: the bits do not
+    depend on the thread count."""
+    return _attention_backward(readonly(q), readonly(k), readonly(v), readonly(p),
+                               readonly(go), float(scale), dq, dk, dv, np.int64(heads))

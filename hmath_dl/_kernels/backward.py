@@ -1,7 +1,7 @@
 """Backward (vector-Jacobian) kernels of the differentiable layers.
 
 Every kernel is parallel over the gradient's OWN outputs (a row, a channel, an
-``(n, c)`` plane, a vocabulary row, an attention problem) and sums its terms in a fixed
+``(n, c)`` plane, a vocabulary row) and sums its terms in a fixed
 order inside one ``prange`` iteration, so results are bitwise identical for any thread
 count; nothing is ever accumulated into a shared array from ``prange``.  All arrays are
 C-contiguous float64 (int64 for indices) with consistent shapes; nothing is validated.
@@ -143,128 +143,6 @@ def embedding_backward(indices, g, V, dw):
             gi = g[order[p]]
             for f in range(F):
                 row[f] += gi[f]
-
-
-# --------------------------------------------------------------------------- attention
-@kernel
-def attention_backward(q, k, v, p, go, scale, dq, dk, dv):
-    """Scaled dot-product attention backward for ``B`` independent problems.
-
-    ``q [B, N, D]``, ``k [B, M, D]``, ``v [B, M, F]``, ``p [B, N, M]`` the forward
-    weights (0 for masked keys and fully masked rows), ``go [B, N, F]`` the output
-    cotangent, ``scale = 1/sqrt(D)``::
-
-        dv = p^T go;  dp = go v^T;  ds = p * (dp - rowsum(dp * p));
-        dq = scale ds k;  dk = scale ds^T q
-
-    Parallel over ``B``; inside, fixed summation orders: ``dp[i, j]`` over ``f``
-    increasing, ``dq[i, :]`` over keys ``j`` increasing, ``dk[j, :]`` and ``dv[j, :]``
-    over queries ``i`` increasing.  Every product loop runs over a contiguous row
-    (accumulators kept transposed, ``[D, N]`` / ``[D, M]`` / ``[F, M]``) so it
-    vectorises; only the span of non-zero weights of each row (column, for ``dq``) is
-    visited -- a zero term adds exactly nothing to a sum that starts at ``+0.0``, so the
-    spans do not change any bit.  Loops index the flat arrays with unsigned offsets (no
-    array views, which cost a reference-count update each, and no negative-index test,
-    which blocks vectorisation).  Rows with ``p == 0`` give exact zeros.  The arrays are
-    C-contiguous.
-    """
-    B, N, D = q.shape
-    M = k.shape[1]
-    F = v.shape[2]
-    uM, uN = np.uint64(M), np.uint64(N)
-    qf, kf, vf, pf, gf = q.reshape(-1), k.reshape(-1), v.reshape(-1), p.reshape(-1), go.reshape(-1)
-    dqf, dkf, dvf = dq.reshape(-1), dk.reshape(-1), dv.reshape(-1)
-    for b in prange(B):
-        # flat arrays and unsigned offsets throughout: no array views in the loops (each
-        # view costs a reference-count update) and no negative-index tests
-        ub = np.uint64(b)
-        qo, ko, vo = ub * uN * np.uint64(D), ub * uM * np.uint64(D), ub * uM * np.uint64(F)
-        po, go_ = ub * uN * uM, ub * uN * np.uint64(F)
-        vt = np.empty(F * M)
-        for j in range(uM):
-            for f in range(np.uint64(F)):
-                vt[f * uM + j] = vf[vo + j * np.uint64(F) + f]
-        ds = np.zeros(N * M)
-        rlo = np.zeros(N, dtype=np.int64)
-        rhi = np.full(N, -1, dtype=np.int64)
-        clo = np.full(M, N, dtype=np.int64)
-        chi = np.full(M, -1, dtype=np.int64)
-        for i in range(N):
-            pi = po + np.uint64(i) * uM
-            # keys with p == 0 (masked, or a fully masked row) get ds == 0: only the span
-            # [lo, hi] of non-zero weights is computed
-            lo = 0
-            while lo < M and pf[pi + np.uint64(lo)] == 0.0:
-                lo += 1
-            if lo == M:
-                continue
-            hi = M - 1
-            while pf[pi + np.uint64(hi)] == 0.0:
-                hi -= 1
-            rlo[i] = lo
-            rhi[i] = hi
-            for j in range(lo, hi + 1):
-                if clo[j] > i:
-                    clo[j] = i
-                chi[j] = i
-            gi = go_ + np.uint64(i * F)
-            n = np.uint64(hi + 1 - lo)
-            dsi = np.uint64(i) * uM + np.uint64(lo)
-            ps = pi + np.uint64(lo)
-            # dp[i, j] = sum_f go[i, f] v[j, f], accumulated over f in increasing order
-            for f in range(np.uint64(F)):
-                c = gf[gi + f]
-                vr = f * uM + np.uint64(lo)
-                for t in range(n):
-                    ds[dsi + t] += c * vt[vr + t]
-            acc = 0.0
-            for t in range(n):
-                acc += ds[dsi + t] * pf[ps + t]
-            for t in range(n):
-                ds[dsi + t] = pf[ps + t] * (ds[dsi + t] - acc) * scale
-        # dk^T[e, j] = sum_i ds[i, j] q[i, e];  dv^T[f, j] = sum_i p[i, j] go[i, f]
-        dkt = np.zeros(D * M)
-        dvt = np.zeros(F * M)
-        for i in range(N):
-            lo = np.uint64(rlo[i])
-            n = np.uint64(rhi[i] + 1 - rlo[i])
-            dsi = np.uint64(i) * uM + lo
-            ps = po + np.uint64(i) * uM + lo
-            for e in range(np.uint64(D)):
-                c = qf[qo + np.uint64(i * D) + e]
-                row = e * uM + lo
-                for t in range(n):
-                    dkt[row + t] += ds[dsi + t] * c
-            for f in range(np.uint64(F)):
-                c = gf[go_ + np.uint64(i * F) + f]
-                row = f * uM + lo
-                for t in range(n):
-                    dvt[row + t] += pf[ps + t] * c
-        # dq^T[e, i] = sum_j ds[i, j] k[j, e] (ds transposed so that i is contiguous)
-        dst = np.empty(M * N)
-        for i in range(uN):
-            for j in range(uM):
-                dst[j * uN + i] = ds[i * uM + j]
-        dqt = np.zeros(D * N)
-        for j in range(M):
-            if chi[j] < clo[j]:
-                continue
-            lo = np.uint64(clo[j])
-            n = np.uint64(chi[j] + 1 - clo[j])
-            dsj = np.uint64(j) * uN + lo
-            for e in range(np.uint64(D)):
-                c = kf[ko + np.uint64(j * D) + e]
-                row = e * uN + lo
-                for t in range(n):
-                    dqt[row + t] += dst[dsj + t] * c
-        for i in range(uN):
-            for e in range(np.uint64(D)):
-                dqf[qo + i * np.uint64(D) + e] = dqt[e * uN + i]
-        for j in range(uM):
-            for e in range(np.uint64(D)):
-                dkf[ko + j * np.uint64(D) + e] = dkt[e * uM + j]
-            for f in range(np.uint64(F)):
-                dvf[vo + j * np.uint64(F) + f] = dvt[f * uM + j]
 
 
 # --------------------------------------------------------------------------- convolution

@@ -106,47 +106,25 @@ def multihead_attention_ad(heads, q, k, v, mask=None, *, scale=None, is_causal=F
 @vjp_of(multihead_attention_ad, "attention")
 @vjp_of(scaled_dot_product_attention_ad, "attention")
 def _vjp_attention(g, node, needs):
-    from .._kernels.backward import attention_backward
+    from .._kernels.attention import attention_backward
     q, k, v = node.parents
     weights, h, scale, groups = node.ctx
     kv, vv = k.value, v.value
     if groups > 1:   # grouped-query: every query head gets its key/value head
         kv, vv = np.repeat(kv, groups, axis=-3), np.repeat(vv, groups, axis=-3)
-    if h == 1:
-        n = q.shape[-2]
-        m, f = vv.shape[-2:]
-        qs = q.value.reshape(-1, *q.shape[-2:])
-        ks, vs = kv.reshape(-1, *kv.shape[-2:]), vv.reshape(-1, m, f)
-        gs = _c(g).reshape(-1, n, f)
-        ps = weights.reshape(-1, n, m)
-    else:
-        qs, ks, vs = _split_heads(q.value, h), _split_heads(kv, h), _split_heads(vv, h)
-        gs = _split_heads(_c(g), h)
-        ps = weights
-    dq, dk, dv = np.empty(qs.shape), np.empty(ks.shape), np.empty(vs.shape)
+    n, d = q.shape[-2:]
+    m, f = vv.shape[-2:]
+    # [B, N, h*D] with head j in the feature columns [j*D/h, (j+1)*D/h): the kernel reads
+    # and writes every head in place (heads=h), so there are no split or merge copies
+    dq, dk, dv = np.empty(q.shape), np.empty(kv.shape), np.empty(vv.shape)
     if dq.size or dk.size:
-        attention_backward(qs, ks, vs, ps, gs, scale, dq, dk, dv)
-    if h == 1:
-        dq, dk, dv = dq.reshape(q.shape), dk.reshape(kv.shape), dv.reshape(vv.shape)
-    else:
-        dq, dk, dv = (_merge_heads(dq, h, q.shape), _merge_heads(dk, h, kv.shape),
-                      _merge_heads(dv, h, vv.shape))
+        attention_backward(_c(q.value).reshape(-1, n, d), _c(kv).reshape(-1, m, d),
+                           _c(vv).reshape(-1, m, f), weights.reshape(-1, n, m),
+                           _c(g).reshape(-1, n, f), scale, dq.reshape(-1, n, d),
+                           dk.reshape(-1, m, d), dv.reshape(-1, m, f), heads=h)
     if groups > 1:
         dk, dv = _sum_groups(dk, groups, k.shape), _sum_groups(dv, groups, v.shape)
     return dq, dk, dv
-
-
-def _split_heads(a, h):
-    """``[..., N, D] -> [B*h, N, D/h]`` (C-contiguous): the plain layer's own helper."""
-    from .attention import _split_heads as split
-    return split(a, h)
-
-
-def _merge_heads(a, h, shape):
-    """Inverse of :func:`_split_heads` to ``shape``."""
-    bh, n, dh = a.shape
-    b = bh // h
-    return np.ascontiguousarray(a.reshape(b, h, n, dh).transpose(0, 2, 1, 3)).reshape(shape)
 
 
 def _sum_groups(d, groups, shape):

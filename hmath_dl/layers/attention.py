@@ -238,15 +238,6 @@ def scaled_dot_product_attention(q, k, v, mask=None, bias=None, *, scale=None, i
     return _attention(fname, q, k, v, mask, bias, groups, sc)
 
 
-def _split_heads(a, h):
-    """[..., N, D] -> [prod(...) * h, N, D/h] (C-contiguous copy)."""
-    lead = a.shape[:-2]
-    n, d = a.shape[-2:]
-    b = _prod(lead)
-    return np.ascontiguousarray(
-        a.reshape(b, n, h, d // h).transpose(0, 2, 1, 3)).reshape(b * h, n, d // h)
-
-
 def multihead_attention(heads, q, k, v, mask=None, *, scale=None, is_causal=False):
     """Multi-head attention without projections.
 
@@ -307,15 +298,14 @@ def _multihead(fname, heads, q, k, v, mask, scale, is_causal):
     out = _checks.alloc(fname, lead + (n, f))
     if b * n == 0:
         return out, _checks.alloc(fname, (b * h, n, m))
-    qs = _split_heads(q, h)
-    ks = _split_heads(k, h)
-    vs = _split_heads(v, h)
-    outs = _checks.alloc(fname, (b * h, n, f // h))
     weights = _checks.alloc(fname, (b * h, n, m))
-    status, row = attention_forward(qs, ks, vs, mk, _NO_BIAS, outs, weights, 1, sc)
+    # the kernel reads each head's feature columns in place and writes its output columns
+    # (heads=h): no split or merge copies
+    status, row = attention_forward(q.reshape(b, n, d), k.reshape(b, m, d),
+                                    v.reshape(b, m, f), mk, _NO_BIAS, out.reshape(b, n, f),
+                                    weights, 1, sc, heads=h)
     _checks.finish(fname, (status, row),
                    overflow=lambda r, code: _head_overflow(lead, n, h, r, code))
-    out[...] = outs.reshape(lead + (h, n, f // h)).swapaxes(-3, -2).reshape(lead + (n, f))
     return out, weights
 
 
