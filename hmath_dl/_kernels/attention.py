@@ -48,7 +48,7 @@ Entry points
 import numpy as np
 from numba import prange
 
-from ._jit import helper, inlined, kernel
+from ._jit import helper, inlined, kernel, span_kernel
 from ._simd import _VW, _make_micro_acc
 from .libm import cos_inline, exp_inline, log_inline, sin_inline
 from .status import NO_INDEX, OK, OVERFLOW, SCORE_OVERFLOW
@@ -390,82 +390,94 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
                 status[b * n_q + i0 + r] = OVERFLOW
 
 
-@kernel
-def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale, heads):
-    """See the module docstring."""
-    nb, n_q, m_keys = weights.shape
-    d = q.shape[2] // heads
-    f = v.shape[2] // heads
-    nbk = nb // gkv
-    nbm = mask.shape[0]
-    nbb = bias.shape[0]
-    gm = nb // nbm if nbm > 0 else 1
-    gb = nb // nbb if nbb > 0 else 1
-    mp = (m_keys + _KT - 1) // _KT * _KT
-    fp = (f + _KT - 1) // _KT * _KT
+@helper
+def _prepare(k, v, mask, nbk, d, f, heads, mp, fp):
+    """The forward's per-call operands: keys transposed to ``[B, D, mp]`` and values to
+    ``[B, M, fp]`` (zero-padded to whole tiles; from the head layout of
+    :func:`_problem_base`), and (first allowed key, last allowed key, allowed keys) of
+    every mask row."""
+    m_keys = k.shape[1]
     kflat = k.reshape(-1)
     vflat = v.reshape(-1)
-
-    # keys transposed to [B, D, mp] and values to [B, M, fp], zero-padded to whole tiles
     ktf = np.empty(nbk * d * mp, dtype=np.float64)
-    for t in prange(nbk * d):
-        b = t // d
-        c = t - b * d
+    for b in range(nbk):
         kb, ks = _problem_base(b, m_keys, heads, d)
-        base = t * mp
-        for j in range(m_keys):
-            ktf[base + j] = kflat[kb + j * ks + c]
-        for j in range(m_keys, mp):
-            ktf[base + j] = 0.0
+        for c in range(d):
+            base = (b * d + c) * mp
+            for j in range(m_keys):
+                ktf[base + j] = kflat[kb + j * ks + c]
+            for j in range(m_keys, mp):
+                ktf[base + j] = 0.0
     vf = np.empty(nbk * m_keys * fp, dtype=np.float64)
-    for t in prange(nbk * m_keys):
-        b = t // m_keys
-        j = t - b * m_keys
+    for b in range(nbk):
         vb, vs = _problem_base(b, m_keys, heads, f)
-        o = vb + j * vs
-        base = t * fp
-        for c in range(f):
-            vf[base + c] = vflat[o + c]
-        for c in range(f, fp):
-            vf[base + c] = 0.0
-
-    # (first allowed key, last allowed key, allowed keys) of every mask row, once per call
-    ranges = np.empty(3 * nbm * n_q, dtype=np.int64)
+        for j in range(m_keys):
+            o = vb + j * vs
+            base = (b * m_keys + j) * fp
+            for c in range(f):
+                vf[base + c] = vflat[o + c]
+            for c in range(f, fp):
+                vf[base + c] = 0.0
+    rows = mask.shape[0] * mask.shape[1]
+    ranges = np.empty(3 * rows, dtype=np.int64)
     mf = mask.reshape(-1)
-    for t in prange(nbm * n_q):
+    for t in range(rows):
         a, z, cnt = _row_range(mf, t * m_keys, m_keys)
         ranges[3 * t] = a
         ranges[3 * t + 1] = z
         ranges[3 * t + 2] = cnt
-    qf = q.reshape(-1)
-    biasf = bias.reshape(-1)
-    outf = out.reshape(-1)
-    wf = weights.reshape(-1)
+    return ktf, vf, ranges
+
+
+@span_kernel()
+def _attend_chunks(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, nb, n_q, d, m_keys, f,
+                   heads, gkv, gm, gb, status, scale, nchunk, t0, t1):
+    """Chunks ``t0 .. t1-1`` of the ``nchunk`` contiguous chunks of query blocks (``_QB``
+    rows of one problem each; scratch allocated once per chunk).  Blocks are independent
+    and every sum has a fixed order, so no result depends on the chunking or on the
+    thread count."""
     nblk = (n_q + _QB - 1) // _QB
-    status = np.zeros(nb * n_q, dtype=np.int8)
-    # blocks are processed in a fixed number of contiguous chunks (scratch allocated once
-    # per chunk); no result depends on the chunking or on the thread count
     total = nb * nblk
-    nchunk = min(total, 256)
-    for ch in prange(nchunk):
-        t0 = ch * total // nchunk
-        t1 = (ch + 1) * total // nchunk
-        s = np.empty(_QB * (mp + d + m_keys + fp), dtype=np.float64)
-        bits = np.empty(m_keys, dtype=np.int64)
-        bitsf = bits.view(np.float64)
-        span = np.empty(2 * _QB, dtype=np.int64)      # first, last allowed key per row
-        flags = np.empty(2 * _QB, dtype=np.bool_)     # dense, live per row
-        for t in range(t0, t1):
+    s = np.empty(_QB * (mp + d + m_keys + fp), dtype=np.float64)
+    bits = np.empty(m_keys, dtype=np.int64)
+    bitsf = bits.view(np.float64)
+    span = np.empty(2 * _QB, dtype=np.int64)      # first, last allowed key per row
+    flags = np.empty(2 * _QB, dtype=np.bool_)     # dense, live per row
+    for ch in range(t0, t1):
+        for t in range(ch * total // nchunk, (ch + 1) * total // nchunk):
             b = t // nblk
             i0 = (t - b * nblk) * _QB
             nr = min(n_q - i0, _QB)
             _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_keys, f,
                           heads, b, b // gkv, i0, nr, b // gm, b // gb, s, bits, bitsf, span,
                           flags, status, scale)
-    for r in range(nb * n_q):
-        if status[r] != OK:
-            return np.int64(status[r]), np.int64(r)
-    return np.int64(OK), np.int64(NO_INDEX)
+
+
+def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale, heads):
+    """See the module docstring: the operands prepared once (:func:`_prepare`), then the
+    query blocks in parallel chunks (:func:`_attend_chunks`)."""
+    nb, n_q, m_keys = weights.shape
+    d = q.shape[2] // heads
+    f = v.shape[2] // heads
+    nbm, nbb = mask.shape[0], bias.shape[0]
+    mp = (m_keys + _KT - 1) // _KT * _KT
+    fp = (f + _KT - 1) // _KT * _KT
+    ktf, vf, ranges = _prepare(k, v, mask, np.int64(nb // gkv), np.int64(d), np.int64(f),
+                               np.int64(heads), np.int64(mp), np.int64(fp))
+    status = np.zeros(nb * n_q, dtype=np.int8)
+    nchunk = min(nb * ((n_q + _QB - 1) // _QB), 256)
+    _attend_chunks.run(nchunk, nb * n_q * (m_keys + 1), q.reshape(-1), ktf, np.int64(mp), vf,
+                       np.int64(fp), mask.reshape(-1), ranges, bias.reshape(-1),
+                       out.reshape(-1), weights.reshape(-1), np.int64(nb), np.int64(n_q),
+                       np.int64(d), np.int64(m_keys), np.int64(f), np.int64(heads),
+                       np.int64(gkv), np.int64(nb // nbm if nbm > 0 else 1),
+                       np.int64(nb // nbb if nbb > 0 else 1), status, float(scale),
+                       np.int64(nchunk))
+    bad = np.flatnonzero(status)
+    if bad.size:
+        r = int(bad[0])
+        return int(status[r]), r
+    return int(OK), int(NO_INDEX)
 
 
 @helper
@@ -528,8 +540,7 @@ def attention_forward(q, k, v, mask, bias, out, weights, gkv=1, scale=0.0, heads
     # inputs typed read-only: one compiled specialisation whether or not the caller's
     # arrays are read-only (e.g. views from ``cache_values``)
     return _attention_forward(readonly(q), readonly(k), readonly(v), readonly(mask),
-                              readonly(bias), out, weights, np.int64(gkv), float(scale),
-                              np.int64(heads))
+                              readonly(bias), out, weights, int(gkv), float(scale), int(heads))
 
 
 def rotary_forward(x, base, offset, out):
@@ -560,9 +571,10 @@ def _store_rows(acc, wp, r0, nr, width, out, o0, rs):
             out[o + c] = acc[r * wp + c]
 
 
-@kernel
-def _attention_backward(q, k, v, p, go, scale, dq, dk, dv, heads):
-    """See :func:`attention_backward`."""
+@span_kernel()
+def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
+    """Problems ``t0 .. t1-1`` of :func:`attention_backward` (each independent, every sum
+    in a fixed order: the bits do not depend on the thread count)."""
     B, N, M = p.shape
     D = q.shape[2] // heads
     F = v.shape[2] // heads
@@ -573,7 +585,7 @@ def _attention_backward(q, k, v, p, go, scale, dq, dk, dv, heads):
     qf, kf, vf, gf = q.reshape(-1), k.reshape(-1), v.reshape(-1), go.reshape(-1)
     pf = p.reshape(-1)
     dqf, dkf, dvf = dq.reshape(-1), dk.reshape(-1), dv.reshape(-1)
-    for b in prange(B):
+    for b in range(t0, t1):
         po = b * N * M
         qo, qs = _problem_base(b, N, heads, D)
         ko, ks = _problem_base(b, M, heads, D)
@@ -745,5 +757,7 @@ def attention_backward(q, k, v, p, go, scale, dq, dk, dv, heads=1):
     exactly nothing to a sum that starts at +0.0.  The products run on the float GEMMs'
     micro-kernel (register tiles of 4 x ``_KT``).  Parallel over ``B``: the bits do not
     depend on the thread count."""
-    return _attention_backward(readonly(q), readonly(k), readonly(v), readonly(p),
-                               readonly(go), float(scale), dq, dk, dv, np.int64(heads))
+    B, N, M = p.shape
+    _backward_problems.run(B, B * N * M * 4, readonly(q), readonly(k), readonly(v),
+                           readonly(p), readonly(go), float(scale), dq, dk, dv,
+                           np.int64(heads))
