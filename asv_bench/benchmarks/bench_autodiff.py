@@ -95,14 +95,14 @@ def transformer_step(params, tokens, targets):
     x = L.embedding_ad(emb, tokens) + pos
     for _ in range(LAYERS):
         g1, c1, wq, bq, wk, bk, wv, bv, wo, bo, g2, c2, w1, b1, w2, b2 = (next(it) for _ in range(16))
-        h = L.layer_norm_ad(1, 1e-5, x) * g1 + c1
+        h = L.layer_norm_ad(1, 1e-5, x, weight=g1, bias=c1)
         a = L.multihead_attention_ad(HEADS, L.dense_ad(h, wq, bq), L.dense_ad(h, wk, bk),
                                      L.dense_ad(h, wv, bv), CAUSAL)
         x = x + L.dense_ad(a, wo, bo)
-        h = L.layer_norm_ad(1, 1e-5, x) * g2 + c2
+        h = L.layer_norm_ad(1, 1e-5, x, weight=g2, bias=c2)
         x = x + L.dense_ad(ad.activate(Activation.GELU, L.dense_ad(h, w1, b1)), w2, b2)
     gf, cf, wout, bout = (next(it) for _ in range(4))
-    h = L.layer_norm_ad(1, 1e-5, x) * gf + cf
+    h = L.layer_norm_ad(1, 1e-5, x, weight=gf, bias=cf)
     logits = L.dense_ad(h, wout, bout)
     loss = ad.cross_entropy(ad.reshape(logits, (-1, VOCAB)), targets.reshape(-1))
     return loss, ad.gradients(loss, vs)
