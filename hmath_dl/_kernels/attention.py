@@ -50,7 +50,7 @@ from numba import prange
 
 from ._jit import helper, inlined, kernel, span_kernel
 from ._simd import _VW, _make_micro_acc
-from .libm import cos_inline, exp_inline, log_inline, sin_inline
+from .libm import _wide, cos_inline, exp_inline, log_inline, sin_inline
 from .status import NO_INDEX, OK, OVERFLOW, SCORE_OVERFLOW
 from .views import readonly
 
@@ -436,6 +436,7 @@ def _attend_chunks(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, nb, n_q, d,
     rows of one problem each; scratch allocated once per chunk).  Blocks are independent
     and every sum has a fixed order, so no result depends on the chunking or on the
     thread count."""
+    _wide()
     nblk = (n_q + _QB - 1) // _QB
     total = nb * nblk
     s = np.empty(_QB * (mp + d + m_keys + fp), dtype=np.float64)
@@ -575,6 +576,7 @@ def _store_rows(acc, wp, r0, nr, width, out, o0, rs):
 def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
     """Problems ``t0 .. t1-1`` of :func:`attention_backward` (each independent, every sum
     in a fixed order: the bits do not depend on the thread count)."""
+    _wide()
     B, N, M = p.shape
     D = q.shape[2] // heads
     F = v.shape[2] // heads

@@ -32,6 +32,7 @@ from . import _cpu
 from ._jit import helper, kernel
 from ._simd import _ROW_MAXV, _VW, _make_micro_acc
 from .half import _NONE, round_run, run_verdict
+from .libm import _wide
 from .status import NO_INDEX
 
 # Tile shape from the numba TARGET (never the HMATH_DL_KERNELS override: the on-disk cache
@@ -374,6 +375,7 @@ def round_pack_a(a, apk, mbits, bias, stats):
     u = a.view(np.int64)
     part = np.zeros((nmb, 3), dtype=np.int64)
     for blk in prange(nmb):
+        _wide()
         st = np.zeros(3, dtype=np.int64)
         st[1] = _NONE
         rows = np.zeros(TCB * K, dtype=np.float32)
@@ -401,6 +403,7 @@ def round_pack_b(b, bpk, T, mbits, bias, stats):
     nkb = (K + 15) // 16
     part = np.zeros((nkb, 3), dtype=np.int64)
     for kb in prange(nkb):
+        _wide()
         st = np.zeros(3, dtype=np.int64)
         st[1] = _NONE
         for k in range(kb * 16, min(K, kb * 16 + 16)):

@@ -19,7 +19,7 @@ from numba.extending import intrinsic
 
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import helper, inlined, kernel
 from .status import NO_INDEX, NONFINITE_SOMEWHERE
 
 _ABS64 = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -193,7 +193,7 @@ def _as_int64(typingctx, x):
     return sig, codegen
 
 
-@helper
+@inlined
 def round_run(x, u, dst, d0, n, mbits, bias, st):
     """Round ``x[0:n]`` (float64, bits ``u``) to the format ``(mbits, bias)`` and write the
     values into ``dst[d0:d0+n]`` (float64 or float32: every 16-bit value is both); fold
