@@ -31,7 +31,7 @@ import contextlib
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import inlined, kernel
 from ._plan import forcing
 from .views import readonly
 
@@ -156,7 +156,7 @@ def backward(x5, g5, args, is_max, dx5):
     return True
 
 
-@helper
+@inlined
 def _plane_forward(xf, p, H, W, outf, OH, OW, kh, kw, sh, sw, is_max, div, col):
     """Plane ``p``: ``out[p] [OH, OW]`` from ``x[p] [H, W]`` (``xf``, ``outf`` the flat
     arrays; see the module docstring; ``col`` a scratch row of length W); returns 1 if
@@ -228,7 +228,7 @@ def pool2d_regular(x, kh, kw, sh, sw, is_max, div, out):
     return total
 
 
-@helper
+@inlined
 def _plane_max_backward(xf, gf, p, H, W, OH, OW, kh, kw, sh, sw, dxf):
     """Plane ``p`` of :func:`max_pool2d_regular_backward` (flat arrays, unsigned indices
     as in :func:`_plane_forward`)."""
