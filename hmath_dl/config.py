@@ -25,7 +25,7 @@ variable                       default      effect
 ``HMATH_DL_MALLOC``            (empty)      ``system``: leave glibc's ``malloc`` thresholds
                                             alone (by default ``import hmath_dl`` keeps
                                             freed arrays under 32 MiB in the heap for
-                                            reuse: :mod:`hmath_dl._alloc`)
+                                            reuse: ``hmath_dl/_alloc.py``)
 =============================  ===========  =================================================
 
 Numba's own variables (``NUMBA_NUM_THREADS``, ``NUMBA_THREADING_LAYER``,
