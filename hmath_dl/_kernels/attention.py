@@ -551,6 +551,19 @@ def rotary_forward(x, base, offset, out):
 
 # --------------------------------------------------------------------------- backward
 @inlined
+def _union_span(lo, hi, a, n):
+    """(min lo[t], max hi[t]) over the t in ``a .. a+n-1`` whose span is not empty
+    (``hi[t] >= 0``); ``(0, -1)`` (no terms) when all are."""
+    ulo = np.int64(1) << 62
+    uhi = -1
+    for t in range(a, a + n):
+        if hi[t] >= 0:
+            ulo = min(ulo, lo[t])
+            uhi = max(uhi, hi[t])
+    return (ulo, uhi) if uhi >= 0 else (0, -1)
+
+
+@inlined
 def _padded_rows(src, o0, rs, rows, width, wp):
     """``[rows, wp]`` copy of a ``[rows, width]`` operand (row ``i`` at ``src[o0 + i*rs]``),
     zeros past ``width``: the micro-kernel's ``b`` rows, whole vectors."""
@@ -629,12 +642,7 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
         ap = np.empty(max(F, M, N) * 4)
         for i0 in range(0, N, 4):
             nr = min(4, N - i0)
-            blo = mp
-            bhi = -1
-            for r in range(nr):
-                if rhi[i0 + r] >= 0:
-                    blo = min(blo, rlo[i0 + r])
-                    bhi = max(bhi, rhi[i0 + r])
+            blo, bhi = _union_span(rlo, rhi, i0, nr)
             if bhi >= 0:
                 for r in range(4):
                     o = (i0 + min(r, nr - 1)) * fp
@@ -690,15 +698,7 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
         acc4 = np.empty(4 * max(dp, fp))
         for j0 in range(0, M, 4):
             nj = min(4, M - j0)
-            ilo = n4
-            ihi = -1
-            for j in range(j0, j0 + nj):
-                if chi[j] >= 0:
-                    ilo = min(ilo, clo[j])
-                    ihi = max(ihi, chi[j])
-            if ihi < 0:
-                ilo = 0
-                ihi = -1
+            ilo, ihi = _union_span(clo, chi, j0, nj)
             nk = ihi + 1 - ilo
             for t in range(nk):
                 o = (ilo + t) * mp + j0
@@ -718,15 +718,7 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
         # rows weight
         for i0 in range(0, N, 4):
             nr = min(4, N - i0)
-            jlo = mp
-            jhi = -1
-            for r in range(nr):
-                if rhi[i0 + r] >= 0:
-                    jlo = min(jlo, rlo[i0 + r])
-                    jhi = max(jhi, rhi[i0 + r])
-            if jhi < 0:
-                jlo = 0
-                jhi = -1
+            jlo, jhi = _union_span(rlo, rhi, i0, nr)
             nk = jhi + 1 - jlo
             for r in range(4):
                 o = (i0 + r) * mp + jlo
