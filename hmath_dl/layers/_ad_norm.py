@@ -63,9 +63,21 @@ def _normalized(fname, op, plain, x, weight, bias, layout):
     weight, bias = _opt_ad(fname, "weight", weight), _opt_ad(fname, "bias", bias)
     with _named(fname):
         value = plain(x.value)
-        y = None if weight is None and bias is None else plain(
-            x.value, *(None if t is None else t.value for t in (weight, bias)))
     ctx, per_elem, layout, bshape = layout(x.value)
+    y = None
+    if weight is not None or bias is not None:
+        # the plain layer's affine result is ``(xhat * weight) + bias`` with xhat bitwise
+        # ``value`` (two roundings, never a fused multiply-add): two elementwise passes
+        # over ``value`` give those bits without normalising x a second time; the plain
+        # layer runs only to raise its own error when a result is not finite
+        pshape = tuple(bshape) if per_elem else (layout[1],)   # the plain layer's shape
+        if all(t is None or t.shape == pshape for t in (weight, bias)):
+            y = value if weight is None else value * weight.value.reshape(bshape)
+            if bias is not None:
+                y = y + bias.value.reshape(bshape)
+        if y is None or not _checks.is_finite(y):
+            with _named(fname):
+                plain(x.value, *(None if t is None else t.value for t in (weight, bias)))
     return _affine_node(make_node(op, value, (x,), ctx), y, weight, bias, per_elem, layout,
                         bshape)
 
