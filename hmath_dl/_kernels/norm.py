@@ -38,7 +38,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel, span_kernel
+from ._jit import helper, inlined, kernel, span_kernel
 from .checks import span_finite
 from .status import NONFINITE_INPUT, OK, OVERFLOW, ZERO_SLICE
 
@@ -47,7 +47,7 @@ _CHUNK = 2048  # elements per cache-resident chunk of the one-pass statistics
 LANES = 32  # partial sums per reduction; pass it as the ``lanes`` kernel argument
 
 
-@helper
+@inlined
 def _sum(row, acc):
     """sum(row): ``L = len(acc)`` interleaved partial sums (lane ``k`` takes elements
     ``k, k+L, ...``), lanes added in order, then the tail.  ``L`` is a run-time value so
@@ -71,7 +71,7 @@ def _sum(row, acc):
     return t
 
 
-@helper
+@inlined
 def _sumsq(row, m, acc):
     """sum((row - m)**2), same order as :func:`_sum`."""
     lanes = acc.shape[0]
@@ -167,7 +167,7 @@ def _group_scale(x, base, nseg, seglen, segstride):
     return math.ldexp(1.0, -e)
 
 
-@helper
+@inlined
 def _group_moments(x, base, nseg, seglen, segstride, acc):
     """(mean, sum of squared deviations) of a group, reading it from memory once.
 
@@ -258,7 +258,7 @@ def normalize_rows(x, rows, n, eps, center, lanes, out, status):
             _normalize_row(x, r * n, n, eps, center, acc, out, status, r)
 
 
-@helper
+@inlined
 def _normalize_row(x, st, n, eps, center, acc, out, status, r):
     s, m, v, code = _group_stats(x, st, 1, n, n, center, acc)
     status[r] = code
@@ -300,7 +300,7 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
                                   S, check, out, status)
 
 
-@helper
+@inlined
 def _normalize_row_affine(x, r, n, eps, center, acc, w, b, has_b, per_elem, G, cpg, S, check,
                           out, status):
     st = r * n
