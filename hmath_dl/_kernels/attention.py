@@ -2,9 +2,12 @@
 
 Entry points
 ------------
-``attention_forward(q, k, v, mask, bias, out, weights, gkv=1, scale=0.0) -> (status, row)``
+``attention_forward(q, k, v, mask, bias, out, weights, gkv=1, scale=0.0, heads=1)
+-> (status, row)``
     Scaled dot-product attention over a flat batch.  This is the entry point that
-    ``hmath_dl.layers.attention`` and the autodiff layer build on.
+    ``hmath_dl.layers.attention`` and the autodiff layer build on.  ``heads > 1``: the
+    head layout of :func:`attention_forward` (q/k/v/out ``[B/heads, N, heads*D]``, each
+    head in its own feature columns); the shapes below are then per head.
 
     * ``q [B, N, D]``, ``k [B/gkv, M, D]``, ``v [B/gkv, M, F]``: C-contiguous float64,
       finite, ``D >= 1``; query batch ``b`` attends with key/value batch ``b // gkv``
@@ -22,8 +25,9 @@ Entry points
       completely (their previous contents do not matter).
 
     Per row ``(b, i)``: ``s_j = (sum_d q[b,i,d] * k[b,j,d]) / sqrt(D) + bias[., i, j]`` for
-    every allowed key ``j`` (the dot product summed in increasing ``d`` from 0.0; masked
-    keys are never scored, so an overflow there does not matter), ``m = max_j s_j``,
+    every allowed key ``j`` (the dot product summed in increasing ``d`` from 0.0; a masked
+    key's score may be computed as part of a register tile but is never used, so an
+    overflow there does not matter), ``m = max_j s_j``,
     ``e_j = exp(s_j - m)`` (a vectorised polynomial exp, at most 1 ulp, see
     ``_exp_shifted``), ``t = sum_j e_j`` (increasing ``j``), ``weights[b,i,j] = e_j / t``
     (exact 0 for masked keys), ``out[b,i,f] = sum_j weights[b,i,j] * v[b,j,f]`` in increasing
@@ -36,6 +40,14 @@ Entry points
     finite (``q . k`` or ``+ bias`` overflowed), ``(OVERFLOW, r)`` when an output of row
     ``r`` is not finite; ``r`` is the first such row.  The result is bitwise
     independent of the number of threads (rows are independent; every sum has a fixed order).
+
+``attention_backward(q, k, v, p, go, scale, dq, dk, dv, heads=1)``
+    Its gradient (see the function), in the same layouts.
+
+The products (scores, outputs, and the backward's four) run on the float GEMMs'
+micro-kernel (``_simd._make_micro_acc`` with separately rounded products: each output is
+the specified chain), four rows at a time; both kernels are span kernels
+(:class:`._jit.SpanKernel`: one serial compilation, run in parallel by the generic driver).
 
 ``rotary_forward(x, base, offset, out) -> status``
     ``x [R, S, F]`` (F even) -> ``out``; row ``s`` is position ``offset + s``; pair
