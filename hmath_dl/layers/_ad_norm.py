@@ -72,9 +72,10 @@ def _normalized(fname, op, plain, x, weight, bias, layout):
         # layer runs only to raise its own error when a result is not finite
         pshape = tuple(bshape) if per_elem else (layout[1],)   # the plain layer's shape
         if all(t is None or t.shape == pshape for t in (weight, bias)):
-            y = value if weight is None else value * weight.value.reshape(bshape)
-            if bias is not None:
-                y = y + bias.value.reshape(bshape)
+            with np.errstate(over="ignore", invalid="ignore"):   # checked just below
+                y = value if weight is None else value * weight.value.reshape(bshape)
+                if bias is not None:
+                    y = y + bias.value.reshape(bshape)
         if y is None or not _checks.is_finite(y):
             with _named(fname):
                 plain(x.value, *(None if t is None else t.value for t in (weight, bias)))
