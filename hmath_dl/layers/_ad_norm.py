@@ -69,7 +69,8 @@ def _normalized(fname, op, plain, x, weight, bias, layout):
         # the plain layer's affine result is ``(xhat * weight) + bias`` with xhat bitwise
         # ``value`` (two roundings, never a fused multiply-add): two elementwise passes
         # over ``value`` give those bits without normalising x a second time; the plain
-        # layer runs only to raise its own error when a result is not finite
+        # layer runs only when a parameter's shape is wrong or a result is not finite, to
+        # raise its own error
         pshape = tuple(bshape) if per_elem else (layout[1],)   # the plain layer's shape
         if all(t is None or t.shape == pshape for t in (weight, bias)):
             with np.errstate(over="ignore", invalid="ignore"):   # checked just below
@@ -77,8 +78,8 @@ def _normalized(fname, op, plain, x, weight, bias, layout):
                 if bias is not None:
                     y = y + bias.value.reshape(bshape)
         if y is None or not _checks.is_finite(y):
-            with _named(fname):
-                plain(x.value, *(None if t is None else t.value for t in (weight, bias)))
+            with _named(fname):     # raises its error (or, if it does not, is the result)
+                y = plain(x.value, *(None if t is None else t.value for t in (weight, bias)))
     return _affine_node(make_node(op, value, (x,), ctx), y, weight, bias, per_elem, layout,
                         bshape)
 
