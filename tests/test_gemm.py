@@ -153,3 +153,32 @@ def test_same_bits_compiled_for_avx2_and_baseline():
     if not (feats.get("avx2") and feats.get("fma")):
         pytest.skip("host cannot execute AVX2 code (haswell target not run)")
     assert run(**target_environment("haswell")) == host
+
+
+@pytest.mark.parametrize("K,N", [(1, 5), (64, 20011), (65, 37), (130, 7), (7, 1000)])
+def test_panel_packing_is_the_documented_layout(K, N):
+    """_pack_b: b [K, N] -> [ceil(N/T), K, T] (zero columns past N); _pack_at: a [M, K]
+    given as at [K, M] -> [ceil(M/6), K, 6] (zero rows past M); parallel (chunks of rows
+    x tiles or blocks, also for a short operand) and serial alike, against numpy."""
+    from hmath_dl._kernels import gemm_f64 as G
+    rng = np.random.default_rng(K * N)
+    b = rng.standard_normal((K, N))
+    T = G.tile_width(N)
+    want = np.zeros((-(-N // T), K, T))
+    for t in range(want.shape[0]):
+        seg = b[:, t * T:(t + 1) * T]
+        want[t, :, :seg.shape[1]] = seg
+    for k in (G._pack_b.parallel, G._pack_b.twin):
+        got = np.full(want.size, np.nan)
+        k(b, got, K, T)
+        assert got.tobytes() == want.reshape(-1).tobytes()
+    at = b.T.copy() if N < 2000 else b[:, :300].T.copy()        # at [K', M]: M = K here
+    kk, m = at.shape
+    want = np.zeros((-(-m // 6), kk, 6))
+    for blk in range(want.shape[0]):
+        seg = at[:, blk * 6:(blk + 1) * 6]
+        want[blk, :, :seg.shape[1]] = seg
+    for k in (G._pack_at.parallel, G._pack_at.twin):
+        got = np.full(want.size, np.nan)
+        k(at, got, kk)
+        assert got.tobytes() == want.reshape(-1).tobytes()
