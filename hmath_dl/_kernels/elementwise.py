@@ -85,9 +85,9 @@ Dropout: ``dropout_train(x_flat, u_flat, p, scale, out_flat)`` (element-wise mas
 import types as _pytypes
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from ._jit import helper, kernel, runs_serial
+from ._jit import helper, inlined as _inl, kernel, runs_serial
 from .checks import span_finite
 from .status import NONFINITE_INPUT, OK, OVERFLOW
 from .libm import (SIGMOID_FAST_BOUND, SOFTPLUS_FAST_BOUND, _bits, _float, _ROUND_BITS,
@@ -114,12 +114,6 @@ _INV_SQRT_2PI = 0.3989422804014327
 _GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
 _GELU_TANH_A = 0.044715
 _INF = np.inf
-
-
-def _inl(fn):
-    """Numba-IR inlining (``inline='always'``), as in :mod:`.libm`: the element functions
-    below become part of each kernel's loop, which LLVM then vectorises."""
-    return njit(inline="always", nogil=True, error_model="numpy")(fn)
 
 
 _sigmoid = sigmoid_inline    # the library's own (hmath_dl._kernels.libm): no libm call

@@ -108,12 +108,12 @@ import math
 
 import numpy as np
 from llvmlite import ir as llvm_ir
-from numba import njit, prange
+from numba import prange
 from numba.core import types
 from numba.extending import intrinsic
 
 from ._cpu import machine
-from ._jit import helper, kernel
+from ._jit import helper, inlined as _inl, kernel
 
 __all__ = ["exp", "expm1", "log", "log1p", "tanh", "erf", "sigmoid", "softplus",
            "sin", "cos", "exp_array", "expm1_array", "log_array", "log1p_array",
@@ -124,13 +124,6 @@ __all__ = ["exp", "expm1", "log", "log1p", "tanh", "erf", "sigmoid", "softplus",
            "softplus_fast_inline", "SIGMOID_FAST_BOUND", "SOFTPLUS_FAST_BOUND"]
 
 _CHUNK = 4096
-
-
-def _inl(fn):
-    """Numba-IR inlining (``inline='always'``): LLVM does not inline compiled helpers this
-    large into a caller's loop, and a call in the loop body stops vectorisation.  Same
-    flags as ``_jit.helper`` otherwise; compiled (and cached) as part of each caller."""
-    return njit(inline="always", nogil=True, error_model="numpy")(fn)
 
 
 # --------------------------------------------------------------------------- bit casts
