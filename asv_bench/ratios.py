@@ -119,6 +119,50 @@ pair("int8_gemm one token (1 x 4096 . 4096 x 4096)", "1 x 4096 x 4096")(
     lambda: _int8_pair(1, 4096, 4096))
 
 
+# The memory-bound conversions (issue 15: >= 2x the same array's numpy / ml_dtypes cast;
+# ours do one rounding from float64 and check every entry, the casts check nothing).
+N_CONVERT = 1 << 20   # bench_half.N_ROUND
+
+
+def _conversion_pair(kind, precision):
+    import ml_dtypes
+    x = rnd((N_CONVERT,), 3)
+    p = P.Precision[precision]
+    cast = np.float16 if precision == "FP16" else ml_dtypes.bfloat16
+    peer_name = "numpy astype(float16)" if precision == "FP16" else "ml_dtypes astype(bfloat16)"
+    if kind == "round_to_bits":
+        return (lambda: P.round_to_bits(p, x)), peer_name, (lambda: x.astype(cast))
+    if kind == "round_to_precision":
+        return ((lambda: P.round_to_precision(p, x)), peer_name + ".astype(float64)",
+                (lambda: x.astype(cast).astype(np.float64)))
+    bits = P.round_to_bits(p, x)
+    half = x.astype(cast)
+    return ((lambda: P.bits_to_float(p, bits)), peer_name.split(" ")[0] + " float16 -> float64"
+            if precision == "FP16" else "ml_dtypes bfloat16 -> float64",
+            (lambda: half.astype(np.float64)))
+
+
+for _kind in ("round_to_bits", "round_to_precision", "bits_to_float"):
+    for _prec in ("FP16", "BF16"):
+        pair(f"{_kind} {_prec}", "1M float64")(
+            lambda kind=_kind, prec=_prec: _conversion_pair(kind, prec))
+
+
+@pair("quantize SYMMETRIC per row (int8)", "1024 x 1024")
+def _quantize_pair():
+    x = rnd((1024, 1024), 3)
+    return ((lambda: P.quantize(P.Quantization.SYMMETRIC, 0, x)), "numpy astype(float16)",
+            (lambda: x.astype(np.float16)))
+
+
+@pair("dequantize (per row)", "1024 x 1024")
+def _dequantize_pair():
+    x = rnd((1024, 1024), 3)
+    q = P.quantize(P.Quantization.SYMMETRIC, 0, x)
+    half = x.astype(np.float16)
+    return (lambda: P.dequantize(q)), "numpy float16 -> float64", (lambda: half.astype(np.float64))
+
+
 @pair("dense vs torch linear", "x 512 x 1024, w 1024 x 1024")
 def _dense_torch():
     x, w, b = rnd((512, 1024), 5), rnd((1024, 1024), 6), rnd((1024,), 7)
@@ -468,13 +512,18 @@ def calibrate(fn, target=0.1):
         n = max(n * 2, int(n * target / max(t, 1e-9)) + 1) if t > 0.01 else n * 10
 
 
-SETTLE = 0.02  # seconds of idleness before each timing loop
+# Seconds of idleness before each timing loop.  OpenBLAS's idle workers spin (yielding) for
+# 2**28 cycles (OPENBLAS_THREAD_TIMEOUT's default, ~0.1 s at 2.5-3 GHz) after every
+# threaded call before they sleep: with 0.02 s the peer process's spinning thread took a
+# core from our next loop (reduced_gemm 1024^3: 9.2 ms after a numpy sgemm loop, 7.1 ms
+# with OPENBLAS_THREAD_TIMEOUT=4 or with this pause; the peer's own time unchanged).
+SETTLE = 0.15
 
 
 def measure(ours, peer, repeats):
     """Best per-call times of ``ours`` and ``peer``, interleaved.  Before every timing
     loop the process idles for ``SETTLE`` seconds: after a parallel region, OpenMP and
-    OpenBLAS worker threads spin for a while before they sleep, and on a 2-core machine
+    OpenBLAS worker threads spin for a while before they sleep (OpenBLAS: ~0.1 s), and on a 2-core machine
     the previous library's spinning workers would otherwise steal the cores from the next
     one's first calls (measured: up to 16 ms added to a 0.1 ms call).  Both sides get the
     same pause, so neither pays for the other's threads."""

@@ -610,3 +610,45 @@ def test_kernel_selection_overrides(monkeypatch):
     monkeypatch.setattr(config, "CPU_FEATURES", env["NUMBA_CPU_FEATURES"], raising=False)
     assert _cpu._read(False).avx512_vnni is False
     assert _cpu._read(False).tiled is False
+
+
+@pytest.mark.parametrize("schedule", ["serial", "parallel"])
+@pytest.mark.parametrize("axis", [None, 0, 1, 2])
+def test_quantize_finds_every_non_finite_entry(axis, schedule):
+    # quantize counts NaN/inf in the same pass that finds each slice's range: an entry in
+    # the head, the middle or the 4-wide loop's remainder of a slice, along every layout
+    # (per tensor, channels outermost, channels adjacent in memory), is reported by name
+    from hmath_dl._kernels._jit import forced_schedule
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 7, 131))
+    for where, bad in (((0, 0, 0), np.nan), ((2, 3, 130), np.inf), ((4, 6, 129), -np.inf),
+                       ((3, 0, 64), np.nan)):
+        y = x.copy()
+        y[where] = bad
+        with forced_schedule(schedule):
+            for mode in (SYM, ASYM):
+                msg = _raises(NonFiniteError, "quantize", quantize, mode, axis, y)
+                assert str(where) in str(msg)
+    # a NaN is reported before an invalid axis, and before a slice's invalid scale
+    y = x.copy()
+    y[1, 1, 1] = np.nan
+    _raises(NonFiniteError, "quantize", quantize, SYM, 3, y)
+    z = np.zeros((3, 4))
+    z[0, 0] = 1e-310                           # slice 0's scale would be subnormal
+    z[2, 3] = np.nan
+    _raises(NonFiniteError, "quantize", quantize, SYM, 0, z)
+
+
+def test_quantize_result_satisfies_the_constructors_invariants():
+    # quantize builds its result without re-running the constructor's checks: the same
+    # tensor through the public constructor must be accepted and compare equal
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((64, 33)) * np.exp2(rng.integers(-30, 30, (64, 1)))
+    for mode in (SYM, ASYM):
+        for axis in (None, 0, 1):
+            q = quantize(mode, axis, x)
+            again = QuantizedTensor(q.mode, q.axis, quantized_values(q),
+                                    quantization_scales(q), quantization_zero_points(q))
+            assert again == q and hash(again) == hash(q)
+            for arr in (q._values, q._scales, q._zero_points):
+                assert not arr.flags.writeable and arr.flags.c_contiguous and arr.base is None

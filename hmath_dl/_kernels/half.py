@@ -20,6 +20,7 @@ from numba.extending import intrinsic
 from numba import prange
 
 from ._jit import helper, inlined, kernel
+from .libm import _wide
 from .status import NO_INDEX, NONFINITE_SOMEWHERE
 
 _ABS64 = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -37,6 +38,17 @@ def _as_float64(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _as_int64(typingctx, x):
+    """The IEEE bits of the float64 ``x`` as an int64 (a register bitcast)."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
 @helper
 def _rounding_constants(mbits, bias):
     """(magic, inv_unit, top) for :func:`_round_one`: 2**(emin - mbits + 52),
@@ -49,7 +61,7 @@ def _rounding_constants(mbits, bias):
 
 
 @helper
-def _round_one(x, u, mbits, bias, magic, inv_unit, top):
+def _round_one(x, u, mbits, bias, magic, top):
     """16-bit pattern (int64, sign in bit 15) of the float64 ``x`` whose bits are the int64
     ``u``.  Branch-free (selects only) so that the calling loop vectorises.  The magnitude
     (low 15 bits) is >= the inf pattern exactly when the value overflows; it is clamped to
@@ -58,11 +70,12 @@ def _round_one(x, u, mbits, bias, magic, inv_unit, top):
     * Normal results (|x| >= 2**emin, emin = 1 - bias): round-half-to-even of the float64
       bits at fraction bit ``mbits`` (add ``half - 1 + lsb``, shift); a carry out of the
       fraction bumps the exponent, and re-biasing gives the 16-bit pattern.
-    * Subnormal results: ``(|x| + magic) - magic`` with ``magic = 2**(emin - mbits + 52)``,
-      whose ulp is the subnormal unit ``2**(emin - mbits)``: the float64 addition rounds
-      |x| once, half to even, to a multiple of the unit (``top = 2**emin`` bounds |x|
-      first, so the count stays in range); the count of units (``y * inv_unit``, exact)
-      is the pattern.
+    * Subnormal results: ``|x| + magic`` with ``magic = 2**(emin - mbits + 52)``, whose
+      ulp is the subnormal unit ``2**(emin - mbits)``: the float64 addition rounds |x|
+      once, half to even, to a multiple of the unit (``top = 2**emin`` bounds |x| first,
+      so the sum stays below ``2 * magic``), and the sum's bits minus magic's bits are
+      the count of units, i.e. the pattern (integer arithmetic only: the count is never
+      converted from a float, which AVX2 cannot do in vectors).
     """
     sign = (u >> 48) & 0x8000
     a = u & _ABS64
@@ -70,8 +83,7 @@ def _round_one(x, u, mbits, bias, magic, inv_unit, top):
     lsb = (a >> shift) & 1
     t_normal = ((a + ((np.int64(1) << (shift - 1)) - 1) + lsb) >> shift) \
         - ((1023 - bias) << mbits)
-    y = (min(abs(x), top) + magic) - magic
-    t_sub = np.int64(y * inv_unit)                    # exact: y is a multiple of the unit
+    t_sub = _as_int64(min(abs(x), top) + magic) - _as_int64(magic)
     t = t_normal if (a >> 52) >= 1024 - bias else t_sub
     t = min(t, 0x7FFF)
     return sign | t
@@ -87,12 +99,12 @@ def round_to_bits(flat, out, mbits, bias):
     a parallel launch costs more than it saves on the 2-core target."""
     n = flat.shape[0]
     inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
-    magic, inv_unit, top = _rounding_constants(mbits, bias)
+    magic, _, top = _rounding_constants(mbits, bias)
     u = flat.view(np.int64)
     over = np.int64(0)
     nonfinite = np.int64(0)
     for i in range(n):
-        r = _round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top)
+        r = _round_one(flat[i], u[i], mbits, bias, magic, top)
         over |= np.int64((r & 0x7FFF) >= inf_pattern)
         nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
         out[i] = np.uint16(r)
@@ -100,7 +112,7 @@ def round_to_bits(flat, out, mbits, bias):
         return np.int64(NONFINITE_SOMEWHERE)
     if over != 0:
         for i in range(n):
-            if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
+            if (_round_one(flat[i], u[i], mbits, bias, magic, top) & 0x7FFF) >= inf_pattern:
                 return np.int64(i)
     return np.int64(NO_INDEX)
 
@@ -148,14 +160,14 @@ def round_to_float(flat, out, mbits, bias, stats):
     n = flat.shape[0]
     inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
     sub_scale = _as_float64(np.int64(1023 + 1 - bias - mbits) << 52)
-    magic, inv_unit, top = _rounding_constants(mbits, bias)
+    magic, _, top = _rounding_constants(mbits, bias)
     u = flat.view(np.int64)
     over = np.int64(0)
     nonfinite = np.int64(0)
     mag_max = np.int64(0)
     mag_min = np.int64(0x7FFF)
     for i in range(n):
-        r = _round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top)
+        r = _round_one(flat[i], u[i], mbits, bias, magic, top)
         mag = r & 0x7FFF
         over |= np.int64(mag >= inf_pattern)
         nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
@@ -169,7 +181,7 @@ def round_to_float(flat, out, mbits, bias, stats):
         return np.int64(NONFINITE_SOMEWHERE)
     if over != 0:
         for i in range(n):
-            if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
+            if (_round_one(flat[i], u[i], mbits, bias, magic, top) & 0x7FFF) >= inf_pattern:
                 return np.int64(i)
     return np.int64(NO_INDEX)
 
@@ -180,17 +192,6 @@ def round_to_float(flat, out, mbits, bias, stats):
 # gives the same answer; the first offending index is found by a serial rescan (rare).
 CHUNK = 1 << 15
 _NONE = np.int64(0x7FFFFFFFFFFFFFFF)     # "no non-zero magnitude" (above every float64)
-
-
-@intrinsic
-def _as_int64(typingctx, x):
-    """The IEEE bits of the float64 ``x`` as an int64 (a register bitcast)."""
-    sig = types.int64(types.float64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return sig, codegen
 
 
 @inlined
@@ -248,10 +249,10 @@ def run_verdict(st, bias):
 def _first_overflow(flat, mbits, bias):
     """The first flat index whose finite value rounds to +-inf (-1 if none)."""
     inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
-    magic, inv_unit, top = _rounding_constants(mbits, bias)
+    magic, _, top = _rounding_constants(mbits, bias)
     u = flat.view(np.int64)
     for i in range(flat.shape[0]):
-        if (_round_one(flat[i], u[i], mbits, bias, magic, inv_unit, top) & 0x7FFF) >= inf_pattern:
+        if (_round_one(flat[i], u[i], mbits, bias, magic, top) & 0x7FFF) >= inf_pattern:
             return np.int64(i)
     return np.int64(NO_INDEX)
 
@@ -266,6 +267,7 @@ def round_values_chunks(flat, out, mbits, bias):
     nch = (n + CHUNK - 1) // CHUNK
     verdict = np.zeros(nch, dtype=np.int64)
     for c in prange(nch):
+        _wide()
         st = np.zeros(3, dtype=np.int64)
         st[1] = _NONE
         i0 = c * CHUNK
@@ -283,17 +285,26 @@ def round_values_chunks(flat, out, mbits, bias):
 @helper
 def _bits_run(x, u, out, mbits, bias):
     """:func:`round_to_bits`'s loop over one chunk (slices starting at 0, so the loop
-    vectorises): returns 2 * (NaN/inf present) + (some entry overflows)."""
+    vectorises): returns 2 * (NaN/inf present) + (some entry overflows).
+
+    One integer max per entry finds both: a NaN/inf input's magnitude bits round past
+    every finite pattern, so its clamped magnitude is 0x7FFF, at least the inf pattern;
+    the chunk is rescanned for NaN/inf only when the max reaches it (rare)."""
+    _wide()
     inf_pattern = np.int64(((1 << (15 - mbits)) - 1) << mbits)
-    magic, inv_unit, top = _rounding_constants(mbits, bias)
-    over = np.int64(0)
-    nonfinite = np.int64(0)
-    for i in range(x.shape[0]):
-        r = _round_one(x[i], u[i], mbits, bias, magic, inv_unit, top)
-        over |= np.int64((r & 0x7FFF) >= inf_pattern)
-        nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
+    magic, _, top = _rounding_constants(mbits, bias)
+    most = np.int64(0)
+    n = np.uint64(x.shape[0])
+    for i in range(n):
+        r = _round_one(x[i], u[i], mbits, bias, magic, top)
+        most = max(most, r & 0x7FFF)
         out[i] = np.uint16(r)
-    return 2 * nonfinite + over
+    if most < inf_pattern:
+        return np.int64(0)
+    nonfinite = np.int64(0)
+    for i in range(n):
+        nonfinite |= np.int64((u[i] & _ABS64) >= _EXP_ALL_ONES)
+    return 2 * nonfinite + 1
 
 
 @kernel
@@ -324,7 +335,8 @@ def _decode_run(bits, out, mbits, bias):
     fmask = np.int64((1 << mbits) - 1)
     implicit = _as_float64(np.int64(1 - bias + 1023) << 52)       # 2**emin
     bad = np.int64(0)
-    for i in range(bits.shape[0]):
+    _wide()
+    for i in range(np.uint64(bits.shape[0])):
         b = np.int64(bits[i])
         special = (b & exp_mask) == exp_mask
         bad |= np.int64(special)

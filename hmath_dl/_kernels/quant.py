@@ -36,7 +36,8 @@ from numba.extending import intrinsic
 
 from . import _cpu
 from ._jit import helper, kernel
-from .status import INT_OVERFLOW, NO_INDEX, OK, OVERFLOW
+from .libm import _wide
+from .status import INT_OVERFLOW, NO_INDEX, NONFINITE_SOMEWHERE, OK, OVERFLOW
 
 _CHUNK = 8192                 # flat elements per parallel chunk (quantize / dequantize)
 _INT32_MIN = -(2 ** 31)
@@ -83,8 +84,11 @@ def _scale_zp(lo, hi, symmetric):
 
 @helper
 def _minmax_run(x, f0, f1, lo, hi):
-    """``(min(lo, x[f0:f1]), max(hi, x[f0:f1]))`` with four independent accumulators
-    (min/max are exact, so the grouping cannot change the result)."""
+    """``(min(lo, x[f0:f1]), max(hi, x[f0:f1]), nonfinite)`` with four independent
+    accumulators (min/max are exact, so the grouping cannot change the result);
+    ``nonfinite`` counts the NaN/inf entries (quantize's finiteness check, in the same
+    pass over ``x``)."""
+    _wide()
     l0 = lo
     l1 = lo
     l2 = lo
@@ -93,6 +97,7 @@ def _minmax_run(x, f0, f1, lo, hi):
     h1 = hi
     h2 = hi
     h3 = hi
+    nf = np.int64(0)
     # unsigned indices throughout (this module): with a signed start Numba tests every
     # index for a negative value to wrap, which keeps the loops scalar
     one = np.uint64(1)
@@ -111,10 +116,14 @@ def _minmax_run(x, f0, f1, lo, hi):
         h1 = max(h1, v1)
         h2 = max(h2, v2)
         h3 = max(h3, v3)
+        nf += np.int64((v0 - v0) != 0.0) + np.int64((v1 - v1) != 0.0) \
+            + np.int64((v2 - v2) != 0.0) + np.int64((v3 - v3) != 0.0)
     for f in range(uf4, np.uint64(f1)):
-        l0 = min(l0, x[f])
-        h0 = max(h0, x[f])
-    return min(min(l0, l1), min(l2, l3)), max(max(h0, h1), max(h2, h3))
+        v = x[f]
+        l0 = min(l0, v)
+        h0 = max(h0, v)
+        nf += np.int64((v - v) != 0.0)
+    return min(min(l0, l1), min(l2, l3)), max(max(h0, h1), max(h2, h3)), nf
 
 
 _CH_BLOCK = 128               # channels per parallel task when inner == 1
@@ -124,8 +133,10 @@ _CH_BLOCK = 128               # channels per parallel task when inner == 1
 def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
     """Per-channel scales/zero points for ``x`` viewed as ``(outer, nch, inner)``.
 
-    Returns the first channel whose scale is invalid, or NO_INDEX (-1)."""
+    Returns NONFINITE_SOMEWHERE (-2) if ``x`` holds NaN/inf, else the first channel whose
+    scale is invalid, else NO_INDEX (-1)."""
     bad = np.full(nch, NO_INDEX, dtype=np.int64)
+    nonfinite = np.zeros(nch, dtype=np.int64)
     if inner == 1:
         # channels are adjacent in memory: sweep rows, keeping per-channel running min/max
         nblk = (nch + _CH_BLOCK - 1) // _CH_BLOCK
@@ -134,6 +145,7 @@ def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
             c1 = min(nch, c0 + _CH_BLOCK)
             lo = np.full(c1 - c0, np.inf)
             hi = np.full(c1 - c0, -np.inf)
+            nf = np.int64(0)
             for o in range(outer):
                 base = o * nch
                 for c in range(c0, c1):
@@ -142,6 +154,8 @@ def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
                         lo[c - c0] = v
                     if v > hi[c - c0]:
                         hi[c - c0] = v
+                    nf += np.int64((v - v) != 0.0)
+            nonfinite[blk] = nf
             for c in range(c0, c1):
                 s, z, ok = _scale_zp(lo[c - c0], hi[c - c0], symmetric)
                 scales[c] = s
@@ -152,14 +166,20 @@ def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
         for c in prange(nch):
             lo = np.inf
             hi = -np.inf
+            nf = np.int64(0)
             for o in range(outer):
                 base = (o * nch + c) * inner
-                lo, hi = _minmax_run(x, base, base + inner, lo, hi)
+                lo, hi, k = _minmax_run(x, base, base + inner, lo, hi)
+                nf += k
+            nonfinite[c] = nf
             s, z, ok = _scale_zp(lo, hi, symmetric)
             scales[c] = s
             zps[c] = z
             if not ok:
                 bad[c] = c
+    for c in range(nch):
+        if nonfinite[c] != 0:
+            return NONFINITE_SOMEWHERE
     for c in range(nch):
         if bad[c] >= 0:
             return c
@@ -168,20 +188,25 @@ def quant_params_axis(x, outer, nch, inner, symmetric, scales, zps):
 
 @kernel
 def quant_params_tensor(x, symmetric, scales, zps):
-    """Per-tensor scale/zero point (into ``scales[0]``, ``zps[0]``); returns 0 when the
-    scale is invalid, else NO_INDEX (-1).  Min/max are exact, so the chunked reduction is
+    """Per-tensor scale/zero point (into ``scales[0]``, ``zps[0]``); returns
+    NONFINITE_SOMEWHERE (-2) if ``x`` holds NaN/inf, else 0 when the scale is invalid,
+    else NO_INDEX (-1).  Min/max are exact, so the chunked reduction is
     order-independent."""
     n = x.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     los = np.empty(nchunks, dtype=np.float64)
     his = np.empty(nchunks, dtype=np.float64)
+    nfs = np.empty(nchunks, dtype=np.int64)
     for c in prange(nchunks):
-        lo, hi = _minmax_run(x, c * _CHUNK, min(n, (c + 1) * _CHUNK), np.inf, -np.inf)
+        lo, hi, k = _minmax_run(x, c * _CHUNK, min(n, (c + 1) * _CHUNK), np.inf, -np.inf)
         los[c] = lo
         his[c] = hi
+        nfs[c] = k
     lo = np.inf
     hi = -np.inf
     for c in range(nchunks):
+        if nfs[c] != 0:
+            return NONFINITE_SOMEWHERE
         lo = min(lo, los[c])
         hi = max(hi, his[c])
     s, z, ok = _scale_zp(lo, hi, symmetric)
@@ -247,37 +272,44 @@ def quantize_apply(x, nch, inner, symmetric, scales, zps, out):
 
 
 @helper
-def _dequant_run(q, out, f0, f1, c0, step, scales, zps):
+def _dequant_run(q, out, f0, f1, c0, step, scales, zf):
     """``out[f] = scale * (q[f] - zp)`` for ``f0 <= f < f1``, channel ``c0 + step*(f-f0)``
-    (``step`` 0: one channel; 1: consecutive channels).  Returns True if some result is
-    not finite.  ``q - zp`` lies in [-255, 255]: it is formed in int32 (the same exact
-    integer as in int64, and its conversion to float64 vectorises on every x86 target),
-    and the one-channel case reads its scale once, so both loops vectorise."""
-    bad = False
+    (``step`` 0: one channel; 1: consecutive channels; ``zf``: the zero points as
+    float64).  Returns True if some result is not finite.  ``q - zp`` lies in
+    [-255, 255], so its float64 difference is the exact integer: the same value as the
+    integer difference, and int8 -> float64 conversions vectorise on every x86 target
+    (AVX2 has no vector int64 -> float64 conversion: an integer difference that LLVM
+    widens to int64 ran one element at a time there).  The one-channel case reads its
+    scale once, so both loops vectorise."""
+    _wide()
+    nonfinite = np.int64(0)
     if step == 0:
         s = scales[c0]
-        z = np.int32(zps[c0])
+        z = zf[c0]
         for f in range(np.uint64(f0), np.uint64(f1)):
-            v = s * np.float64(np.int32(q[f]) - z)
+            v = s * (np.float64(q[f]) - z)
             out[f] = v
-            bad |= (v - v) != 0.0
-        return bad
+            nonfinite += np.int64((v - v) != 0.0)
+        return nonfinite != 0
     uc = np.uint64(c0) - np.uint64(f0)        # (mod 2**64: c = f + c0 - f0 >= 0)
     for f in range(np.uint64(f0), np.uint64(f1)):
         c = f + uc
-        v = scales[c] * np.float64(np.int32(q[f]) - np.int32(zps[c]))
+        v = scales[c] * (np.float64(q[f]) - zf[c])
         out[f] = v
-        bad |= (v - v) != 0.0
-    return bad
+        nonfinite += np.int64((v - v) != 0.0)
+    return nonfinite != 0
 
 
 @kernel
 def dequantize_apply(q, nch, inner, scales, zps, out):
-    """``out[f] = scale * (q[f] - zp)`` ((q - zp) in int64); returns the first flat index
+    """``out[f] = scale * (q[f] - zp)`` (q - zp exact, in float64); returns the first flat index
     whose result is not finite, or NO_INDEX (-1)."""
     n = q.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     bad = np.zeros(nchunks, dtype=np.bool_)
+    zf = np.empty(nch, dtype=np.float64)
+    for c in range(nch):
+        zf[c] = np.float64(zps[c])
     for ch in prange(nchunks):
         start = ch * _CHUNK
         stop = min(n, start + _CHUNK)
@@ -287,13 +319,13 @@ def dequantize_apply(q, nch, inner, scales, zps, out):
             while f < stop:
                 c = f % nch
                 e = min(stop, f + (nch - c))
-                flag |= _dequant_run(q, out, f, e, c, 1, scales, zps)
+                flag |= _dequant_run(q, out, f, e, c, 1, scales, zf)
                 f = e
         else:
             while f < stop:
                 row = f // inner
                 e = min(stop, (row + 1) * inner)
-                flag |= _dequant_run(q, out, f, e, row % nch, 0, scales, zps)
+                flag |= _dequant_run(q, out, f, e, row % nch, 0, scales, zf)
                 f = e
         bad[ch] = flag
     for ch in range(nchunks):
