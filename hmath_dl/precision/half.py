@@ -97,10 +97,23 @@ def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np
     if bits.size == 0:
         return out
     bad = int(_whole(_khalf.decode_chunks, bits.size)(bits.reshape(-1), out.reshape(-1),
-                                                      mbits, bias))
+                                                      _decode_table(precision), mbits))
     # the kernel locates the first NaN/inf pattern itself: a NONFINITE_INPUT at that index
     return _checks.finish(fname, (OK, None) if bad == NO_INDEX else (NONFINITE_INPUT, bad),
                           out=out, nonfinite=lambda i: _bad_pattern(name, precision, bits, i))
+
+
+_TABLES = {}
+
+
+def _decode_table(precision):
+    """Every pattern's value in ``precision`` (:func:`.._kernels.half.decode_table`), built
+    on first use (1 ms; 512 KiB per format) and kept."""
+    table = _TABLES.get(precision)
+    if table is None:
+        mbits, bias, _ = _FORMAT[precision]
+        table = _TABLES[precision] = _khalf.decode_table(mbits, bias)
+    return table
 
 
 def _bad_pattern(name, precision, bits, bad):
