@@ -115,6 +115,7 @@ pair("int8_gemm (per-row x per-column, symmetric)", "1024 x 1024 x 1024")(
 pair("reduced_gemm BF16", "1024 x 1024 x 1024")(lambda: _reduced_pair(P.Precision.BF16, 1024))
 pair("reduced_gemm FP16", "1024 x 1024 x 1024")(lambda: _reduced_pair(P.Precision.FP16, 1024))
 pair("reduced_gemm BF16 256^3", "256 x 256 x 256")(lambda: _reduced_pair(P.Precision.BF16, 256))
+pair("reduced_gemm FP16 256^3", "256 x 256 x 256")(lambda: _reduced_pair(P.Precision.FP16, 256))
 pair("int8_gemm one token (1 x 4096 . 4096 x 4096)", "1 x 4096 x 4096")(
     lambda: _int8_pair(1, 4096, 4096))
 
