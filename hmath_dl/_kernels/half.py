@@ -194,26 +194,31 @@ CHUNK = 1 << 15
 _NONE = np.int64(0x7FFFFFFFFFFFFFFF)     # "no non-zero magnitude" (above every float64)
 
 
+_SIGN64 = np.int64(-0x8000000000000000)   # the float64 sign bit
+
+
 @inlined
 def round_run(x, u, dst, d0, n, mbits, bias, st):
     """Round ``x[0:n]`` (float64, bits ``u``) to the format ``(mbits, bias)`` and write the
     values into ``dst[d0:d0+n]`` (float64 or float32: every 16-bit value is both); fold
-    into ``st`` (int64[3]) the largest rounded magnitude, the smallest non-zero one (as
-    float64 bits: for non-negative floats the bits order like the values; :data:`_NONE`
-    if none) and the largest input magnitude (bits).
+    into ``st`` (int64[3]) the raw statistics that :func:`finish_stats` turns into the
+    rounded ones: ``st[1]`` the smallest input magnitude (float64 bits: for non-negative
+    floats the bits order like the values) among the entries that round to non-zero
+    (:data:`_NONE` if none), ``st[2]`` the largest input magnitude (bits); ``st[0]`` is
+    not touched.  Rounding is monotone, so the rounded extremes are the extremes' roundings.
 
-    The arithmetic of :func:`_round_one` without the 16-bit pattern in between (the same
-    value): normal results (``|x| >= 2**emin``, emin = 1 - bias) round half to even at
-    fraction bit ``mbits`` and clear the bits below (a carry bumps the exponent) -- the
-    rounded value's own float64 bits; subnormal results are ``(|x| + magic) - magic``,
-    one float64 rounding to a multiple of the subnormal unit.  Branch-free with integer
-    reductions only, so the loop vectorises.  Entries that are NaN/inf or round to +-inf
-    get meaningless values: :func:`run_verdict` reports them."""
-    magic, _, top = _rounding_constants(mbits, bias)
-    normal_min = np.int64(1024 - bias) << 52
-    shift = 52 - mbits
-    half = (np.int64(1) << (shift - 1)) - 1
-    mx = st[0]
+    The value is one float64 addition that rounds half to even at the format's last
+    place: for ``|x|`` with exponent e (``2**e`` is ``|x|``'s bits with the fraction
+    cleared), ``c = max(2**e, 2**emin) * 2**(52 - mbits)`` (emin = 1 - bias) has an ulp of
+    ``2**(e - mbits)`` -- the format's ulp at ``|x|``, or its subnormal unit below
+    ``2**emin`` -- and ``|x| < 2c``, so ``(|x| + c) - c`` is ``|x|`` rounded once to the
+    format (the subtraction is exact); the sign is put back by its bit.  The same value
+    as :func:`_round_one`'s pattern decodes to.  Branch-free with integer reductions only,
+    so the loop vectorises.  Entries that are NaN/inf or round to +-inf get meaningless
+    values: :func:`run_verdict` reports them."""
+    top = _as_float64(np.int64(1024 - bias) << 52)          # 2**emin
+    scale = _as_float64(np.int64(1075 - mbits) << 52)       # 2**(52 - mbits)
+    half_unit = np.int64(1023 - bias - mbits) << 52         # bits of 2**(emin - mbits - 1)
     mn = st[1]
     mxa = st[2]
     # unsigned indices: with a signed ``d0 + i`` Numba tests every index for a negative
@@ -222,24 +227,49 @@ def round_run(x, u, dst, d0, n, mbits, bias, st):
     for i in range(np.uint64(n)):
         ui = u[i]
         a = ui & _ABS64
-        normal = ((a + half + ((a >> shift) & 1)) >> shift) << shift
-        sub = (min(abs(x[i]), top) + magic) - magic
-        mag = _as_float64(normal) if a >= normal_min else sub
-        dst[ud0 + i] = -mag if ui < 0 else mag
-        mb = _as_int64(mag)
-        mx = max(mx, mb)
-        mn = min(mn, mb if mb != 0 else _NONE)
+        c = max(_as_float64(a & _EXP_ALL_ONES), top) * scale
+        s = (_as_float64(a) + c) - c
+        dst[ud0 + i] = _as_float64(_as_int64(s) | (ui & _SIGN64))
         mxa = max(mxa, a)
-    st[0] = mx
+        # exactly half the subnormal unit rounds to 0 (even); anything above it does not
+        mn = min(mn, a if a > half_unit else _NONE)
     st[1] = mn
     st[2] = mxa
 
 
 @helper
+def _rounded_magnitude(a, mbits, bias):
+    """float64 bits of the magnitude with bits ``a`` (finite, below the overflow
+    threshold) rounded to the format: :func:`round_run`'s arithmetic on one value."""
+    top = _as_float64(np.int64(1024 - bias) << 52)
+    scale = _as_float64(np.int64(1075 - mbits) << 52)
+    c = max(_as_float64(a & _EXP_ALL_ONES), top) * scale
+    return _as_int64((_as_float64(a) + c) - c)
+
+
+@helper
+def finish_stats(st, mbits, bias):
+    """Turn :func:`round_run`'s folded raw statistics into the rounded ones, in place:
+    ``st[0]`` the largest rounded magnitude, ``st[1]`` the smallest non-zero one (float64
+    bits; :data:`_NONE` if none), ``st[2]`` (the largest input magnitude) unchanged.  A
+    largest input at or above the overflow threshold ``2**(bias+1) - 2**(bias-mbits-1)``
+    (the largest finite value plus half its ulp, which rounds up: that value's last bit
+    is odd) gives ``st[0] = 2**(bias+1)``, which :func:`run_verdict` reports."""
+    over = (np.int64(bias + 1024) << 52) - (np.int64(1) << (51 - mbits))
+    if st[2] >= over:
+        st[0] = np.int64(bias + 1 + 1023) << 52
+    else:
+        st[0] = _rounded_magnitude(st[2], mbits, bias)
+    if st[1] != _NONE:
+        st[1] = _rounded_magnitude(st[1], mbits, bias)
+
+
+@helper
 def run_verdict(st, bias):
-    """For the folded ``st`` of :func:`round_run`: -2 if an entry is NaN/inf (its
-    magnitude bits reach +inf's), else 1 if one rounds to +-inf (a rounded magnitude at
-    or above 2**(bias + 1): the format's largest finite value is below it), else 0."""
+    """For the finished ``st`` of :func:`round_run` (:func:`finish_stats`): -2 if an entry
+    is NaN/inf (its magnitude bits reach +inf's), else 1 if one rounds to +-inf (a rounded
+    magnitude at or above 2**(bias + 1): the format's largest finite value is below it),
+    else 0."""
     if st[2] >= _EXP_ALL_ONES:
         return np.int64(NONFINITE_SOMEWHERE)
     return np.int64(st[0] >= (np.int64(bias + 1 + 1023) << 52))
@@ -273,6 +303,7 @@ def round_values_chunks(flat, out, mbits, bias):
         i0 = c * CHUNK
         m = min(CHUNK, n - i0)
         round_run(flat[i0:], u[i0:], out, i0, m, mbits, bias, st)
+        finish_stats(st, mbits, bias)
         verdict[c] = run_verdict(st, bias)
     worst = np.int64(0)
     for c in range(nch):

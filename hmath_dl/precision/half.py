@@ -296,6 +296,9 @@ def forced_arithmetic(name):
 
 
 def _products_exact(range_a, range_b) -> bool:
+    """Whether the exact-FMA kernel may run: every product of the rounded operands with
+    magnitude ranges ``(largest, smallest non-zero or None)`` is exact in float32 (the
+    tiled path applies the same rule in its kernel: ``_kernels.gemm_reduced``)."""
     if _forced_arith["arithmetic"] == "separate":
         return False
     (hi_a, lo_a), (hi_b, lo_b) = range_a, range_b
@@ -386,7 +389,7 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         # panels (the same values), then one product (the same bits as below)
         mbits, bias, _ = _FORMAT[precision]
         bad = _kgemm.reduced_tiled(
-            a, b, mbits, bias, out, _products_exact,
+            a, b, mbits, bias, out, _forced_arith["arithmetic"] != "separate",
             serial=runs_serial(m * n * k <= _SERIAL_TILED_WORK))
         if bad is not None:     # None: NaN/inf or an overflowing entry, named below
             return _finish(fname, precision, out, bad)
