@@ -30,7 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _cpu
-from ._jit import helper, kernel
+from ._jit import helper, inlined, kernel
 from ._simd import _ROW_MAXV, _VW, _make_micro_acc
 from .half import _NONE, _as_float64, finish_stats, round_run, run_verdict
 from .libm import _wide
@@ -264,7 +264,7 @@ def tile_width(n):
     return TT
 
 
-@helper
+@inlined
 def _gemm_task(apk, bpk, c, K, Np, T, bpp, tpp, fused, out, t):
     """Task ``t`` of :func:`reduced_product`'s product: ``bpp`` row blocks x ``tpp``
     tiles of ``c [Mp, Np]`` (float32, flat workspace) = the sequential-k float32 product
@@ -415,7 +415,7 @@ _F32_MIN_NORMAL = 2.0 ** -126
 _F32_OVERFLOW = 2.0 ** 128
 
 
-@helper
+@inlined
 def _products_exact(stats_a, stats_b):
     """Whether every product of an entry of one rounded operand and one of the other is
     exact in float32 (then the fused micro-kernel is bit-identical to the separate
