@@ -428,7 +428,7 @@ def _prefetch(builder, p):
                       llvm_ir.Constant(i32, 3), llvm_ir.Constant(i32, 1)])
 
 
-def _make_micro_acc(CB, V, f32=False, fused=True):
+def _make_micro_acc(CB, V, f32=False, fused=True, widen=False):
     """The continuing micro-kernel of the float GEMMs: a CB x ``L*V`` tile of ``c``
     (rows ``cbase + j*cstride``, j < CB; ``L`` lanes per vector: ``VW`` float64, or
     ``2*VW`` float32 when ``f32``) is loaded into CB*V vector accumulators (or, when
@@ -447,7 +447,13 @@ def _make_micro_acc(CB, V, f32=False, fused=True):
     not stall the next call (a hint: the address need not be inside the array).
     Signature ``(bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first, pfbase)``
     with float64 (or float32) arrays; the caller guarantees every other address is inside
-    its array."""
+    its array.
+
+    ``widen`` (float32 only): the chain's last chunk.  The tile is not stored back into
+    ``cf`` but widened, exactly, to float64 rows ``of[obase + j*ostride ...]`` (three more
+    arguments ``(of, obase, ostride)`` after ``pfbase``, ``of`` a float64 array), and the
+    intrinsic returns 1 if a stored value is NaN or +-inf, else 0 (int64)."""
+    assert f32 or not widen
     nbt = types.float32 if f32 else types.float64
     lanes = 2 * _VW if f32 else _VW
     ety = llvm_ir.FloatType() if f32 else llvm_ir.DoubleType()
@@ -458,20 +464,28 @@ def _make_micro_acc(CB, V, f32=False, fused=True):
     def vptr(builder, p, k):
         return builder.bitcast(builder.gep(p, [llvm_ir.Constant(_I64, k)]), vty.as_pointer())
 
-    @intrinsic
-    def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
-              pfbase):
+    def typer(bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first, pfbase,
+              *wide_args):
         if not (all(_is_c1(x, nbt) for x in (bf, apk, cf))
                 and _accepts(ints=(bbase, bstride, abase, nk, cbase, cstride, pfbase),
                              bools=(first,))):
             return None
         i64t = types.int64
-        sig = types.void(bf, i64t, i64t, apk, i64t, i64t, cf, i64t, i64t, types.boolean,
-                         i64t)
+        head = (bf, i64t, i64t, apk, i64t, i64t, cf, i64t, i64t, types.boolean, i64t)
+        if not widen:
+            return None if wide_args else types.void(*head)
+        if not (len(wide_args) == 3 and _accepts(f64=wide_args[:1], ints=wide_args[1:])):
+            return None
+        return i64t(*head, wide_args[0], i64t, i64t)
+
+    def intrinsic_body(typingctx, *argtys):
+        sig = typer(*argtys)
+        if sig is None:
+            return None
 
         def codegen(context, builder, signature, args):
             t = signature.args
-            ba, bb, bs, aa, ab, nkv, ca, cb, cs, fst, pfb = args
+            ba, bb, bs, aa, ab, nkv, ca, cb, cs, fst, pfb = args[:11]
             bd = _data(context, builder, t[0], ba)
             ad = _data(context, builder, t[3], aa)
             cd = _data(context, builder, t[6], ca)
@@ -515,14 +529,47 @@ def _make_micro_acc(CB, V, f32=False, fused=True):
                         else:                    # fl(acc + fl(a * b)): no contraction flags
                             new = builder.fadd(acc, builder.fmul(sp, xs[v]))
                         builder.store(new, slots[j][v])
+            if not widen:
+                for j in range(CB):
+                    for v in range(V):
+                        builder.store(builder.load(slots[j][v]),
+                                      vptr(builder, rows[j], v * lanes), align=al)
+                return context.get_dummy_value()
+            # the last chunk: widen (exact) into float64 rows; x - x is NaN exactly for
+            # NaN/inf, so one unordered compare per vector flags them
+            od = _data(context, builder, t[11], args[11])
+            dty = llvm_ir.VectorType(llvm_ir.DoubleType(), lanes)
+            zero64 = llvm_ir.Constant(dty, [0.0] * lanes)
+            bad = None
             for j in range(CB):
+                orow = builder.gep(od, [builder.add(args[12], builder.mul(
+                    llvm_ir.Constant(_I64, j), args[13]))])
                 for v in range(V):
-                    builder.store(builder.load(slots[j][v]), vptr(builder, rows[j], v * lanes),
-                                  align=al)
-            return context.get_dummy_value()
+                    wide_v = builder.fpext(builder.load(slots[j][v]), dty)
+                    builder.store(wide_v, builder.bitcast(
+                        builder.gep(orow, [llvm_ir.Constant(_I64, v * lanes)]),
+                        dty.as_pointer()), align=8)
+                    nan = builder.fcmp_unordered("uno", builder.fsub(wide_v, wide_v),
+                                                 zero64)
+                    bad = nan if bad is None else builder.or_(bad, nan)
+            mask = builder.bitcast(bad, llvm_ir.IntType(lanes))
+            flag = builder.icmp_unsigned("!=", mask, llvm_ir.Constant(llvm_ir.IntType(lanes), 0))
+            return builder.zext(flag, _I64)
 
         return sig, codegen
 
+    if widen:
+        @intrinsic
+        def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
+                  pfbase, of, obase, ostride):
+            return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
+                                  cstride, first, pfbase, of, obase, ostride)
+    else:
+        @intrinsic
+        def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
+                  pfbase):
+            return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
+                                  cstride, first, pfbase)
     return micro
 
 

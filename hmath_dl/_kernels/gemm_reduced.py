@@ -253,6 +253,49 @@ _f2 = _make_micro_acc(TCB, 2, f32=True, fused=True) if _ROW_MAXV >= 2 else _f1
 _s2 = _make_micro_acc(TCB, 2, f32=True, fused=False) if _ROW_MAXV >= 2 else _s1
 _f4 = _make_micro_acc(TCB, 4, f32=True, fused=True) if _ROW_MAXV >= 4 else _f2
 _s4 = _make_micro_acc(TCB, 4, f32=True, fused=False) if _ROW_MAXV >= 4 else _s2
+# the last chunk of a chain, stored widened into the float64 output (see _gemm_task)
+_fw1 = _make_micro_acc(TCB, 1, f32=True, fused=True, widen=True)
+_sw1 = _make_micro_acc(TCB, 1, f32=True, fused=False, widen=True)
+_fw2 = _make_micro_acc(TCB, 2, f32=True, fused=True, widen=True) if _ROW_MAXV >= 2 else _fw1
+_sw2 = _make_micro_acc(TCB, 2, f32=True, fused=False, widen=True) if _ROW_MAXV >= 2 else _sw1
+_fw4 = _make_micro_acc(TCB, 4, f32=True, fused=True, widen=True) if _ROW_MAXV >= 4 else _fw2
+_sw4 = _make_micro_acc(TCB, 4, f32=True, fused=False, widen=True) if _ROW_MAXV >= 4 else _sw2
+
+
+@inlined
+def _chunk(fused, V, bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf):
+    """One chunk of a register block's chains (the micro-kernel for ``fused`` and ``V``
+    vectors per row), its tile kept in ``c``."""
+    if fused:
+        if V == 4:
+            _f4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+        elif V == 2:
+            _f2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+        else:
+            _f1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+    elif V == 4:
+        _s4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+    elif V == 2:
+        _s2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+    else:
+        _s1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+
+
+@inlined
+def _last_chunk(fused, V, bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N):
+    """The last chunk of a register block's chains, its tile widened into the float64
+    rows ``of[ob + j*N ...]``; 1 if a value is NaN/inf, else 0."""
+    if fused:
+        if V == 4:
+            return _fw4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+        if V == 2:
+            return _fw2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+        return _fw1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+    if V == 4:
+        return _sw4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+    if V == 2:
+        return _sw2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+    return _sw1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
 
 
 def tile_width(n):
@@ -265,14 +308,16 @@ def tile_width(n):
 
 
 @inlined
-def _gemm_task(apk, bpk, c, K, Np, T, bpp, tpp, fused, out, t):
+def _gemm_task(apk, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
     """Task ``t`` of :func:`reduced_product`'s product: ``bpp`` row blocks x ``tpp``
-    tiles of ``c [Mp, Np]`` (float32, flat workspace) = the sequential-k float32 product
-    of ``apk`` (``a [Mp, K]`` packed ``[Mp/6, K, 6]``) and ``bpk`` (``b [K, Np]`` packed
-    ``[Np/T, K, T]``), K chunk after chunk in k order (``fused``: ``fma``, valid only
-    when every product is exact; see :func:`gemm_f32_seq`), then widened into its part of
-    ``out [M, N]``  while it is in cache.  Returns the first flat index ``i*N + j`` of a
-    non-finite output there, or NO_INDEX (-1)."""
+    tiles of the sequential-k float32 product of ``apk`` (``a [Mp, K]`` packed ``[Mp/6,
+    K, 6]``) and ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), K chunk after chunk in
+    k order (``fused``: ``fma``, valid only when every product is exact; see
+    :func:`gemm_f32_seq`), written to ``out [M, N]`` (float64; ``of`` its flat view):
+    blocks inside ``out`` widen their last chunk straight into it; the edge blocks (rows
+    past M, columns past N) keep theirs in ``c [Mp, Np]`` (float32, flat workspace) and
+    are widened from there.  Returns the first flat index ``i*N + j`` of a non-finite
+    output of the task, or NO_INDEX (-1)."""
     M = out.shape[0]
     N = out.shape[1]
     Mp = c.shape[0] // Np
@@ -286,30 +331,38 @@ def _gemm_task(apk, bpk, c, K, Np, T, bpp, tpp, fused, out, t):
     b1 = min(nmb, b0 + bpp)
     t0 = jn * tpp
     t1 = min(ntile, t0 + tpp)
+    full_b = min(b1, M // TCB)          # blocks b0 .. full_b-1 lie inside out's rows
+    full_t = min(t1, N // T)            # tiles t0 .. full_t-1 inside its columns
+    bad = np.int64(0)
     for k0 in range(0, K, TKC):
         nk = min(TKC, K - k0)
         first = k0 == 0
+        last = k0 + nk == K
         for tile in range(t0, t1):
             bbase = (tile * K + k0) * T
             for blk in range(b0, b1):
                 ab = (blk * K + k0) * TCB
                 cb = blk * TCB * Np + tile * T
                 pf = cb + TCB * Np if blk + 1 < b1 else b0 * TCB * Np + (tile + 1) * T
-                if fused:
-                    if V == 4:
-                        _f4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
-                    elif V == 2:
-                        _f2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
-                    else:
-                        _f1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+                if last and blk < full_b and tile < full_t:
+                    bad |= _last_chunk(fused, V, bpk, bbase, T, apk, ab, nk, c, cb, Np,
+                                       first, pf, of, blk * TCB * N + tile * T, N)
                 else:
-                    if V == 4:
-                        _s4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
-                    elif V == 2:
-                        _s2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
-                    else:
-                        _s1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
-    return _widen(c, Np, out, b0 * TCB, min(M, b1 * TCB), t0 * T, min(N, t1 * T))
+                    _chunk(fused, V, bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+    i0 = b0 * TCB
+    i1 = min(M, b1 * TCB)
+    j0 = t0 * T
+    j1 = min(N, t1 * T)
+    # the edges: the rows of a partial last block, then the columns of a partial tile
+    e = max(i0, full_b * TCB)
+    bad |= np.int64(_widen(c, Np, out, e, i1, j0, j1) >= 0)
+    bad |= np.int64(_widen(c, Np, out, i0, e, max(j0, full_t * T), j1) >= 0)
+    if bad != 0:
+        for i in range(i0, i1):
+            for j in range(j0, j1):
+                if not np.isfinite(out[i, j]):
+                    return np.int64(i) * N + j
+    return np.int64(NO_INDEX)
 
 
 @helper
@@ -436,14 +489,14 @@ BAD_OPERAND = np.int64(-2)
 
 
 @kernel
-def reduced_product(a, apk, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias,
+def reduced_product(a, apk, b, bpk, c, out, out_flat, T, ntask, Np, bpp, tpp, mbits, bias,
                     allow_fused):
     """The tiled reduced GEMM in one launch (no Python between its two parallel loops,
     so the thread pool's workers are still awake for the second): round and pack both
     float64 operands (``ntask`` tasks of :func:`_pack_task`), then the product ``out =
     float64(a16 @ b16)`` by the module's specification (:func:`_gemm_task` over tasks of
-    ``bpp`` row blocks x ``tpp`` tiles), with the exact-FMA micro-kernel where
-    ``allow_fused`` and :func:`_products_exact` say so.
+    ``bpp`` row blocks x ``tpp`` tiles; ``out_flat`` is ``out``'s flat view), with the
+    exact-FMA micro-kernel where ``allow_fused`` and :func:`_products_exact` say so.
 
     Returns :data:`BAD_OPERAND` when an operand holds NaN/inf or an entry overflows in the
     format (nothing is multiplied: the caller's checked path names the entry), else the
@@ -468,7 +521,8 @@ def reduced_product(a, apk, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias,
     ntasks = ((nmb + bpp - 1) // bpp) * ((ntile + tpp - 1) // tpp)
     first_bad = np.full(ntasks, NO_INDEX, dtype=np.int64)
     for t in prange(ntasks):
-        first_bad[t] = _gemm_task(apk, bpk, c, a.shape[1], Np, T, bpp, tpp, fused, out, t)
+        first_bad[t] = _gemm_task(apk, bpk, c, a.shape[1], Np, T, bpp, tpp, fused, out,
+                                  out_flat, t)
     best = np.int64(NO_INDEX)
     for t in range(ntasks):
         if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
@@ -521,6 +575,7 @@ def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     # the rounding: one task per thread, each an equal share of both operands (2 threads,
     # 256^3: 54 -> 48 us against one task per row block; 8 or 32 tasks were slower)
     ntask = 1 if serial else max(1, min(max(Mp // TCB, K), numba.get_num_threads()))
-    bad = int(reduced_product.when_small(serial)(a, apk, b, bpk, c, out, T, ntask, Np, bpp,
-                                                 tpp, mbits, bias, bool(allow_fused)))
+    bad = int(reduced_product.when_small(serial)(a, apk, b, bpk, c, out, out.reshape(-1), T,
+                                                 ntask, Np, bpp, tpp, mbits, bias,
+                                                 bool(allow_fused)))
     return None if bad == BAD_OPERAND else bad
