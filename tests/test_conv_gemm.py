@@ -58,6 +58,10 @@ SHAPES = [  # x shape, Cout, stride, groups, kernel, padding, dilation
     ((2, 4, 40), 9, 1, 1, 5, 2, 1),
     ((1, 4, 5, 6, 7), 6, 1, 1, 3, 1, 1),
     ((1, 64, 6, 6), 70, 1, 1, 3, 1, 1),
+    # 1x1, read in place: panels of several tiles, a partial last tile, 14 row blocks
+    ((2, 20, 37, 29), 80, 1, 1, 1, 0, 1),
+    ((2, 20, 74, 58), 80, 2, 1, 1, 0, 1),
+    ((1, 130, 9, 71), 8, 1, 2, 1, 0, 1),
 ]
 
 
@@ -77,18 +81,18 @@ def test_gemm_path_gives_the_generic_kernels_bits(xs, cout, s, groups, k, p, d):
 
 @needs_tiles
 def test_the_plan_takes_the_gemm_path_where_it_is_faster():
-    """Deep kernels on small output planes go to the GEMM on every ISA; with 512-bit
-    tiles also strided 1x1 convolutions and 1x1 ones on mid-sized planes; large
-    unstrided planes, shallow kernels on small planes and fewer than 6 channels per group
-    stay on the other kernels."""
+    """Deep kernels on small output planes and every unpadded 1x1 kernel (strided or
+    not, any plane: its input is read in place) go to the GEMM on every ISA; padded 1x1
+    kernels, shallow kernels on small planes and fewer than 6 channels per group stay on
+    the other kernels."""
     fp = K.forward_path
-    wide = K._WIDE512
     assert fp(64, 512, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) == "gemm"
     assert fp(64, 32, (3, 3, 1), 7, True, padded=True, O=(1, 7, 7)) == "gemm"
     assert fp(32, 16, (3, 3, 1), 8, False, padded=True, O=(1, 8, 8)) != "gemm"
-    assert (fp(64, 32, (1, 1, 1), 28, True, padded=False, O=(1, 28, 28)) == "gemm") == wide
-    assert (fp(64, 32, (1, 1, 1), 28, False, padded=False, O=(1, 28, 28)) == "gemm") == wide
-    assert fp(64, 32, (1, 1, 1), 56, False, padded=False, O=(1, 56, 56)) != "gemm"
+    assert fp(64, 32, (1, 1, 1), 28, True, padded=False, O=(1, 28, 28)) == "gemm"
+    assert fp(64, 32, (1, 1, 1), 28, False, padded=False, O=(1, 28, 28)) == "gemm"
+    assert fp(64, 32, (1, 1, 1), 56, False, padded=False, O=(1, 56, 56)) == "gemm"
+    assert fp(64, 32, (1, 1, 1), 58, True, padded=True, O=(1, 58, 58)) != "gemm"
     assert fp(64, 32, (3, 3, 1), 28, True, padded=True, O=(1, 28, 28)) != "gemm"
     assert fp(5, 512, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) != "gemm"
 

@@ -1125,8 +1125,8 @@ def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=
       index innermost): small output planes ``O`` where :func:`.conv_batch.usable` says so;
     * ``gemm`` (:func:`.conv_gemm.conv_gemm`, the unfolded input times the weights):
       where :func:`.conv_gemm.preferred` says so for the kernel extents and the output
-      extents ``O`` (deep kernels on small output planes; with 512-bit tiles also
-      unpadded 1x1 kernels, strided or on planes of <= 1024 positions);
+      extents ``O`` (deep kernels on small output planes; every unpadded 1x1 kernel,
+      its input read in place);
     * ``rows_fused`` (:func:`conv_forward_rows` copying its own padded/strided input
       windows; ``rows`` on a padded copy when the windows are too large): at least 6
       output channels per group and output rows of whole vectors or >= 16 positions;

@@ -155,9 +155,133 @@ def conv_gemm_tasks(x5, c0, Cg, geo, apk, M, T, tpp, c, cstep, bias, mode, bad, 
         for b0 in range(0, nmb, bpp):
             b1 = min(nmb, b0 + bpp)
             # bl holds tiles tb0.. only: offset so that tile tb0 starts at bl[0]
-            _panel(apk, bl, -tb0 * K * T, c, i * cstep, P, M, P, K, T, b0, b1, tb0, tb1, scr)
+            _panel(apk, bl, -tb0 * K * T, K * T, T, c, i * cstep, P, M, P, K, T, b0, b1, tb0,
+                   tb1, scr)
             nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, tb0, tb1, scr, bias, mode)
         bad[t] = nbad
+
+
+# --------------------------------------------------------------------------- pointwise
+# An unpadded 1x1 kernel needs no unfolding: ``X_ng`` is the group's channel planes of the
+# input themselves (at stride 1; at larger strides the subsampled planes), a C-contiguous
+# ``[Cg, P]`` block of each batch element.  The GEMM's micro-kernels read their b tiles
+# straight from it (row stride P), so nothing is packed but the last tile of a plane that
+# is no whole number of tiles (its columns past P would be the next row's).
+@span_kernel(iterations=lambda xf, xoff, xstep, K, P, apk, M, T, tpp, *rest:
+             (xf.shape[0] // xstep) * -(-(-(-P // T)) // tpp),
+             work=lambda xf, xoff, xstep, K, P, apk, M, *rest:
+             (xf.shape[0] // xstep) * K * P * M // 16)
+def pointwise_tasks(xf, xoff, xstep, K, P, apk, M, T, tpp, c, cstep, bias, mode, bad, t0, t1):
+    """``c_i [M, P] = W @ X_i (+ bias[m])`` for every batch element ``i``, ``X_i [K, P]``
+    read in place at ``xf[xoff + i*xstep + k*P + p]`` (``W`` packed in ``apk`` as for
+    :func:`.gemm_f64.gemm_tiled`; output row ``m`` of batch element ``i`` at
+    ``c[i*cstep + m*P]``).  Tasks: (batch element, panel of ``tpp`` tiles of ``T``
+    columns), every row block's chains in the task (all chunks of an output in one task,
+    in k order), then the epilogue; a plane's partial last tile is copied, zero-padded,
+    into a buffer of the task that computes it.  ``bad[t]`` = the non-finite outputs of
+    task ``t``."""
+    ntile = (P + T - 1) // T
+    full = P // T                        # tiles without padding columns
+    pn = (ntile + tpp - 1) // tpp
+    nmb = (M + _CB - 1) // _CB
+    bpp = _MC // _CB
+    for t in range(t0, t1):
+        i = t // pn
+        tb0 = (t - i * pn) * tpp
+        tb1 = min(ntile, tb0 + tpp)
+        te = min(tb1, full)
+        edge = tb1 > full
+        base = xoff + i * xstep
+        scr = np.empty((tb1 - tb0 + bpp + 1) * _CB * T if M % _CB or edge else 0)
+        ebuf = np.zeros(K * T if edge else 0)
+        if edge:
+            w = P - full * T
+            for k in range(K):
+                src = base + k * P + full * T
+                for q in range(w):
+                    ebuf[k * T + q] = xf[src + q]
+        nbad = 0
+        for b0 in range(0, nmb, bpp):
+            b1 = min(nmb, b0 + bpp)
+            if te > tb0:
+                _panel(apk, xf, base, T, P, c, i * cstep, P, M, P, K, T, b0, b1, tb0, te, scr)
+                nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, tb0, te, scr, bias, mode)
+            if edge:
+                _panel(apk, ebuf, 0, 0, T, c, i * cstep, P, M, P, K, T, b0, b1, full, full + 1,
+                       scr)
+                nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, full, full + 1, scr, bias,
+                                mode)
+        bad[t] = nbad
+
+
+@span_kernel(iterations=lambda xf, plane, geo, out, bad: bad.shape[0],
+             work=lambda xf, plane, geo, out, bad: xf.shape[0])
+def subsample_planes(xf, plane, geo, out, bad, t0, t1):
+    """For the planes ``q = t0 .. t1-1`` of ``xf`` (``plane`` elements each, ``[D, H,
+    W]``; ``geo`` = int64 ``[sd, sh, sw, H, W, OD, OH, OW]``): ``out[q, od, oh, ow] =
+    x[q, od*sd, oh*sh, ow*sw]`` (flat, C order; a copy), and ``bad[q]`` = how many
+    elements of the whole input plane are NaN/inf (every element, read or not)."""
+    sd, sh, sw = geo[0], geo[1], geo[2]
+    H, W = geo[3], geo[4]
+    OD, OH, OW = geo[5], geo[6], geo[7]
+    op = OD * OH * OW
+    for q in range(t0, t1):
+        src = xf[q * plane:(q + 1) * plane]
+        cnt = 0
+        for e in range(plane):
+            v = src[e]
+            cnt += (v - v) != 0.0
+        bad[q] = cnt
+        o = q * op
+        for od in range(OD):
+            for oh in range(OH):
+                base = (od * sd * H + oh * sh) * W
+                for ow in range(OW):
+                    out[o + ow] = src[base + ow * sw]
+                o += OW
+
+
+def _pointwise(x5, w5, bias, has_bias, groups, s, out5):
+    """An unpadded 1x1 convolution by :func:`pointwise_tasks`; ``None`` when ``x5`` is
+    not C-contiguous (the unfolding path then runs), else ``(finite, x_finite)`` as
+    :func:`conv_gemm`."""
+    N, Cin = x5.shape[:2]
+    O = out5.shape[2:]
+    P = O[0] * O[1] * O[2]
+    T = G.tile_width(P)
+    if not x5.flags.c_contiguous:
+        return None
+    x_ok = None
+    if tuple(s) != (1, 1, 1):
+        D, H, W = x5.shape[2:]
+        xs = G._workspace("pointwise", N * Cin * P)
+        bad = np.zeros(N * Cin, dtype=np.int64)
+        subsample_planes(x5.reshape(-1), D * H * W,
+                         np.array(tuple(s) + (H, W) + tuple(O), dtype=np.int64), xs, bad)
+        x_ok = not bad.any()
+        xf = xs
+    else:
+        xf = x5.reshape(-1)
+    Cout, Cg = w5.shape[:2]
+    Cog = Cout // groups
+    tpp = max(1, _PANEL // T)
+    ntile = -(-P // T)
+    tpp = -(-ntile // -(-ntile // tpp))      # equal panels
+    tasks = N * -(-ntile // tpp)
+    w2 = w5.reshape(Cout, Cg)
+    c = out5.reshape(-1)
+    out_bad = 0
+    for g in range(groups):
+        apk = G.pack_a(w2[g * Cog:(g + 1) * Cog], Cog * Cg < (1 << 16))
+        b = bias[g * Cog:(g + 1) * Cog] if has_bias else np.zeros(1)
+        bad = np.zeros(tasks, dtype=np.int64)
+        pointwise_tasks(xf, g * Cg * P, Cin * P, Cg, P, apk, Cog, T, tpp, c[g * Cog * P:],
+                        Cout * P, b, 1 if has_bias else 0, bad)
+        out_bad += int(bad.sum())
+    if x_ok is None:
+        # every element was read: a NaN/inf input makes its column's outputs non-finite
+        x_ok = True if out_bad == 0 else None
+    return out_bad == 0, x_ok
 
 
 def applies(Cog, tiled):
@@ -172,24 +296,21 @@ def applies(Cog, tiled):
 #: 25 / 39; but 3x3 16->32 @8, batch 64: 4.7 vs 1.5 on the row kernel).
 SMALL_PLANE = 64
 DEEP_TERMS = 256
-#: With 512-bit tiles, unpadded 1x1 kernels also run here when strided or on planes of at
-#: most this many positions (1x1 stride 2 256->512 @56: 42 vs 57 ms on the row kernel;
-#: 128->512 @28: 21 vs 24); on larger unstrided planes the row kernel streams the input
-#: better (256->64 @56: 28 vs 35), and with AVX2 it is faster on those shapes too
-#: (stride 2 256->512 @56: 60 vs 67; 128->512 @28: 27 vs 34).
-POINTWISE_PLANE = 1024
+#: Unpadded 1x1 kernels run here on every ISA, strided or not, and read the input in
+#: place (:func:`pointwise_tasks`; two threads, 2026-12-03, AVX-512 / AVX2 ms: 1x1 256->64
+#: @56 batch 8 9.5 / 13.6 vs 11.4 / 14.3 on the fused-window row kernel; stride 2
+#: 256->512 @56 15.8 / 24.7 vs 26.3 / 26.0, and vs 19 on AVX-512's unfolding GEMM).
 
 
 def preferred(Cg, K3, O, strided, padded, wide512):
     """Whether the plan runs an applicable convolution with ``Cg`` input channels per
-    group, kernel extents ``K3`` and output extents ``O`` here (see :data:`SMALL_PLANE`,
-    :data:`POINTWISE_PLANE`; ``wide512``: 512-bit register tiles)."""
+    group, kernel extents ``K3`` and output extents ``O`` here (see :data:`SMALL_PLANE`;
+    every unpadded 1x1 kernel; ``strided`` and ``wide512`` (512-bit register tiles) no
+    longer decide anything and are kept for the callers)."""
     P = O[0] * O[1] * O[2]
     if P <= SMALL_PLANE and Cg * K3[0] * K3[1] * K3[2] >= DEEP_TERMS:
         return True
-    if not wide512 or tuple(K3) != (1, 1, 1) or padded:
-        return False
-    return strided or P <= POINTWISE_PLANE
+    return tuple(K3) == (1, 1, 1) and not padded
 
 
 def conv_gemm(x5, w5, bias, has_bias, groups, s, d, pads, out5):
@@ -198,9 +319,13 @@ def conv_gemm(x5, w5, bias, has_bias, groups, s, d, pads, out5):
     Returns ``(finite, x_finite)``: whether every output is finite (always checked), and
     whether every element of ``x5`` is: False when an element read is NaN/inf; True for
     an unpadded unstrided 1x1 kernel (every element is read); else None."""
+    K3 = w5.shape[2:]
+    if tuple(K3) == (1, 1, 1) and not any(pads):
+        done = _pointwise(x5, w5, bias, has_bias, groups, s, out5)
+        if done is not None:
+            return done
     N = x5.shape[0]
     Cout, Cg = w5.shape[:2]
-    K3 = w5.shape[2:]
     Cog = Cout // groups
     O = out5.shape[2:]
     P = O[0] * O[1] * O[2]
@@ -208,6 +333,8 @@ def conv_gemm(x5, w5, bias, has_bias, groups, s, d, pads, out5):
     T = G.tile_width(P)
     # tiles per task: ~256 positions, fewer for deep kernels so the panel stays in L2
     tpp = max(1, min(_PANEL, _PANEL_ELEMS // K) // T)
+    ntile = -(-P // T)
+    tpp = -(-ntile // -(-ntile // tpp))      # equal panels (25 tiles: 7+6+6+6, not 8+8+8+1)
     tasks = _iterations(N, P, T, tpp)
     geo = np.array(tuple(s) + tuple(d) + tuple(pads) + tuple(K3) + tuple(O), dtype=np.int64)
     w2 = w5.reshape(Cout, K)

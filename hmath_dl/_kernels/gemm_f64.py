@@ -65,14 +65,20 @@ def _tasks(M, N, T, nb=1, threads=1):
             bpp = -(-bpp // 2)
         else:
             tpp = -(-tpp // 2)
+    # equal panels: 49 tiles in panels of 16 were 16+16+16+1 (a task of one tile)
+    bpp = -(-nmb // -(-nmb // bpp))
+    tpp = -(-ntile // -(-ntile // tpp))
     return bpp, tpp, nb * -(-nmb // bpp) * -(-ntile // tpp)
 
 
 @helper
-def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
+def _panel(apk, bpk, bb, tstep, kstep, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
     """The register-tiled chains of one task: output rows of the 6-row blocks
     ``b0 .. b1-1`` times the columns of the tiles ``t0 .. t1-1`` of the product whose
-    ``b`` panels start at ``bpk[bb]`` and whose output row ``m`` starts at ``c[cc + m*ldc]``.
+    ``b`` term ``k`` of tile ``tile`` (T columns) starts at ``bpk[bb + tile*tstep +
+    k*kstep]`` (packed panels: ``tstep = K*T``, ``kstep = T``; an unpacked C-contiguous
+    ``b [K, N]`` with ``N`` a multiple of ``T``: ``tstep = T``, ``kstep = N``) and whose
+    output row ``m`` starts at ``c[cc + m*ldc]``.
 
     BLIS's order: K in chunks of ``_KC`` terms; per chunk one tile's chunk of b (KC x T,
     in L1) meets every 6-row block of the task's chunk of a (from L2), then the next
@@ -91,7 +97,7 @@ def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
         nk = min(_KC, K - k0)
         first = k0 == 0
         for tile in range(t0, t1):
-            bbase = bb + (tile * K + k0) * T
+            bbase = bb + tile * tstep + k0 * kstep
             for blk in range(b0, b1):
                 ab = (blk * K + k0) * _CB
                 if tile == cedge or blk == redge:
@@ -108,13 +114,13 @@ def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
                     pf = (cb + _CB * ldc if blk + 1 < b1
                           else cc + b0 * _CB * ldc + (tile + 1) * T)
                 if V == 4:
-                    _mv4(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv4(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
                 elif V == 3:
-                    _mv3(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv3(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
                 elif V == 2:
-                    _mv2(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv2(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
                 else:
-                    _mv1(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv1(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
 
 
 @helper
@@ -193,7 +199,8 @@ def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bpp, tpp, bias, mode,
         tb1 = min(ntile, tb0 + tpp)
         edges = b0 <= redge < b1 or tb0 <= cedge < tb1
         scr = np.empty(((tb1 - tb0) + (b1 - b0)) * _CB * T if edges else 0)
-        _panel(apk, bpk, i * bstep, c, i * cstep, ldc, M, N, K, T, b0, b1, tb0, tb1, scr)
+        _panel(apk, bpk, i * bstep, K * T, T, c, i * cstep, ldc, M, N, K, T, b0, b1, tb0, tb1,
+               scr)
         if edges or mode != 3:
             bad[t] = _finish(c, i * cstep, ldc, M, N, T, b0, b1, tb0, tb1, scr, bias, mode)
 
