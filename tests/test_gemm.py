@@ -55,20 +55,24 @@ def test_tiled_parallel_serial_and_rows_agree(M, K, N):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("M,K,N", [(32, 70, 144), (13, 40, 33), (7, 9, 100), (150, 20, 10),
-                                   (6, 5, 32)])
+                                   (6, 5, 32), (66, 140, 56), (90, 30, 392)])
 def test_small_products_cut_into_more_tasks_keep_their_bits(M, K, N, threads):
     """A parallel product too small for one task per thread is cut into smaller panels
-    (``_tasks``): every output still written once, by its one chain, whatever the cut."""
+    (``_tasks``), with a task count that is a multiple of the threads where that takes
+    fewer than 8 tasks per thread: every output still written once, by its one chain,
+    whatever the cut (and the last tile's narrower micro-kernel: 144, 56, 392 columns
+    leave 16, 24 and 8 columns there)."""
     import numba
     a, b = _rnd((M, K), 3), _rnd((K, N), 4)
     want = ref.matmul_2d(a, b).tobytes()
     old = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        bpp, tpp, tasks = G._tasks(M, N, G.tile_width(N), 1, threads)
-        assert bpp >= 1 and tpp >= 1
-        assert tasks >= min(G._TASKS_PER_THREAD * threads if threads > 1 else 1,
-                            -(-M // G._CB) * -(-N // G.tile_width(N)))
+        nmb, ntile = -(-M // G._CB), -(-N // G.tile_width(N))
+        pm, pn, tasks = G._tasks(M, N, G.tile_width(N), 1, threads)
+        assert 1 <= pm <= nmb and 1 <= pn <= ntile and tasks == pm * pn
+        assert tasks >= min(G._TASKS_PER_THREAD * threads if threads > 1 else 1, nmb * ntile)
+        assert tasks % threads == 0 or tasks >= 8 * threads or tasks == nmb * ntile
         with forced_schedule("parallel"):
             out = np.full((M, N), np.nan)
             assert G.matmul(a, b, out=out, tiled=True).tobytes() == want

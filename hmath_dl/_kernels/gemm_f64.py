@@ -49,26 +49,33 @@ _PACK_ROWS = 64              # rows of an operand per packing task (64 x 256 flo
 
 
 def _tasks(M, N, T, nb=1, threads=1):
-    """``(bpp, tpp, tasks)``: the 6-row blocks and the tiles (``T`` columns) per task,
-    and the number of tasks, of ``nb`` products of ``M`` rows and ``N`` columns.  Panels
-    of ``_MC`` rows and ``_NC`` columns, cut smaller (the larger side halved first) until
-    there are ``_TASKS_PER_THREAD`` tasks per thread or a task is one register tile: a
-    small product on several threads otherwise ran as one or two tasks.  The panels only
-    decide which task computes an output, never its chain: the same bits for any cut."""
+    """``(pm, pn, tasks)``: the row panels (of 6-row blocks) and column panels (of tiles
+    of ``T`` columns) of each of ``nb`` products of ``M`` rows and ``N`` columns, and the
+    number of tasks ``nb*pm*pn``.  Panels of about ``_MC`` rows and ``_NC`` columns, cut
+    smaller (the larger side first) until there are ``_TASKS_PER_THREAD`` tasks per
+    thread or a task is one register tile (a small product on several threads otherwise
+    ran as one or two tasks), and, with fewer than 8 tasks per thread, until the count is
+    a multiple of the threads (11 equal tasks on 2 threads left one idle for a twelfth
+    of the time).  :func:`gemm_tiled` cuts the blocks and tiles into ``pm`` and ``pn``
+    near-equal runs.  The panels only decide which task computes an output, never its
+    chain: the same bits for any cut."""
     nmb = -(-M // _CB)
     ntile = -(-N // T)
-    bpp = min(nmb, _MC // _CB)
-    tpp = min(ntile, max(1, _NC // T))
+    pm = -(-nmb // min(nmb, _MC // _CB))
+    pn = -(-ntile // min(ntile, max(1, _NC // T)))
     want = _TASKS_PER_THREAD * threads if threads > 1 else 1
-    while nb * -(-nmb // bpp) * -(-ntile // tpp) < want and (bpp > 1 or tpp > 1):
-        if bpp >= tpp:
-            bpp = -(-bpp // 2)
+    while nb * pm * pn < want and (pm < nmb or pn < ntile):
+        if pm < nmb and (nmb / pm >= ntile / pn or pn == ntile):
+            pm = min(nmb, 2 * pm)
         else:
-            tpp = -(-tpp // 2)
-    # equal panels: 49 tiles in panels of 16 were 16+16+16+1 (a task of one tile)
-    bpp = -(-nmb // -(-nmb // bpp))
-    tpp = -(-ntile // -(-ntile // tpp))
-    return bpp, tpp, nb * -(-nmb // bpp) * -(-ntile // tpp)
+            pn = min(ntile, 2 * pn)
+    while (threads > 1 and (nb * pm * pn) % threads and nb * pm * pn < 8 * threads
+           and (pm < nmb or pn < ntile)):
+        if pm < nmb and (nmb / pm >= ntile / pn or pn == ntile):
+            pm += 1
+        else:
+            pn += 1
+    return pm, pn, nb * pm * pn
 
 
 @helper
@@ -86,13 +93,16 @@ def _panel(apk, bpk, bb, tstep, kstep, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, s
     (past ``M``) and the tile with padding columns (past ``N``) keep their chains in
     ``scr`` (rows of T, the row-edge block's tiles first, then the column-edge tile's
     blocks) instead of ``c``, so that only real outputs are ever written to ``c``:
-    :func:`_finish` copies them out.  The first chunk starts every chain at +0.0."""
+    :func:`_finish` copies them out; the column-edge tile runs only the vectors that hold
+    real columns (a 392-column product has 12 tiles of 32 and one of 8).  The first chunk
+    starts every chain at +0.0."""
     nmb = (M + _CB - 1) // _CB
     ntile = (N + T - 1) // T
     redge = nmb - 1 if M % _CB else -1
     cedge = ntile - 1 if N % T else -1
     ce0 = (t1 - t0) * _CB * T
     V = T // _VW
+    VE = (N - cedge * T + _VW - 1) // _VW   # vectors of the column-edge tile with real columns
     for k0 in range(0, K, _KC):
         nk = min(_KC, K - k0)
         first = k0 == 0
@@ -113,11 +123,12 @@ def _panel(apk, bpk, bb, tstep, kstep, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, s
                     cs = ldc
                     pf = (cb + _CB * ldc if blk + 1 < b1
                           else cc + b0 * _CB * ldc + (tile + 1) * T)
-                if V == 4:
+                vt = VE if tile == cedge else V
+                if vt == 4:
                     _mv4(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
-                elif V == 3:
+                elif vt == 3:
                     _mv3(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
-                elif V == 2:
+                elif vt == 2:
                     _mv2(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
                 else:
                     _mv1(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
@@ -171,7 +182,7 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
 
 
 @span_kernel()
-def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bpp, tpp, bias, mode, bad, t0, t1):
+def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, pm, pn, bias, mode, bad, t0, t1):
     """For every batch ``i``: ``c_i [M, N] = a @ b_i`` by the specification above, then
     ``+ bias`` (``mode`` 0: none, 1: ``bias[m]`` per row, 2: ``bias[n]`` per column, 3:
     none and no count), into
@@ -181,22 +192,22 @@ def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, bpp, tpp, bias, mode,
     ``apk`` is ``a [M, K]`` packed as ``[ceil(M/6), K, 6]`` (zero rows past ``M``),
     ``bpk`` holds each ``b_i [K, N]`` at ``i*bstep``, packed as ``[ceil(N/T), K, T]`` (T
     the tile width, zero columns past ``N``), so both operands stream contiguously.  A
-    span kernel over the tasks (batch, row panel of ``bpp`` 6-row blocks, column panel
-    of ``tpp`` tiles: :func:`_tasks`); each output's chain runs in one task, chunk after
-    chunk in k order."""
+    span kernel over the tasks (batch, one of ``pm`` near-equal runs of the 6-row blocks,
+    one of ``pn`` near-equal runs of the tiles: :func:`_tasks`); each output's chain runs
+    in one task, chunk after chunk in k order."""
     nmb = (M + _CB - 1) // _CB
     ntile = (N + T - 1) // T
-    pm = (nmb + bpp - 1) // bpp
-    pn = (ntile + tpp - 1) // tpp
     redge = nmb - 1 if M % _CB else -1
     cedge = ntile - 1 if N % T else -1
     for t in range(t0, t1):
         i = t // (pm * pn)
         r = t - i * (pm * pn)
-        b0 = (r // pn) * bpp
-        b1 = min(nmb, b0 + bpp)
-        tb0 = (r % pn) * tpp
-        tb1 = min(ntile, tb0 + tpp)
+        rm = r // pn
+        rn = r - rm * pn
+        b0 = rm * nmb // pm
+        b1 = (rm + 1) * nmb // pm
+        tb0 = rn * ntile // pn
+        tb1 = (rn + 1) * ntile // pn
         edges = b0 <= redge < b1 or tb0 <= cedge < tb1
         scr = np.empty(((tb1 - tb0) + (b1 - b0)) * _CB * T if edges else 0)
         _panel(apk, bpk, i * bstep, K * T, T, c, i * cstep, ldc, M, N, K, T, b0, b1, tb0, tb1,
@@ -404,10 +415,10 @@ def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_
     ``bias``: not counted).  K > 0."""
     mode = (0 if count else 3) if bias is None else 1 + int(bias_axis)
     small = runs_serial(nb * M * N * K < _SERIAL_FMAS)
-    bpp, tpp, tasks = _tasks(M, N, T, nb, 1 if small else numba.get_num_threads())
+    pm, pn, tasks = _tasks(M, N, T, nb, 1 if small else numba.get_num_threads())
     bad = np.zeros(tasks, dtype=np.int64)
     gemm_tiled.run(tasks, 0 if small else gemm_tiled.limit, apk, bpk, bstep, c, cstep, ldc,
-                   M, N, K, T, bpp, tpp, _NO_BIAS if bias is None else bias, mode, bad)
+                   M, N, K, T, pm, pn, _NO_BIAS if bias is None else bias, mode, bad)
     return int(bad.sum())
 
 
