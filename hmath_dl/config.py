@@ -82,6 +82,13 @@ name                           value  module                  decides
                                                               positions ...
 ``DEEP_TERMS``                 256    _kernels.conv_gemm      ... whose outputs have at least
                                                               this many terms
+``STRIDED_TERMS``              512    _kernels.conv_gemm      with 512-bit tiles, strided
+                                                              kernels with at least this many
+                                                              terms per output take ``gemm``
+``MIDPLANE``                   256    _kernels.conv_gemm      with 256-bit tiles, output planes
+                                                              up to this many positions ...
+``MIDPLANE_TERMS``             1024   _kernels.conv_gemm      ... with at least this many terms
+                                                              per output take ``gemm``
 ``_MAX_POSITIONS``             49     _kernels.conv_batch     forward path ``batch`` (one GEMM
                                                               over the batch, batch index
                                                               innermost) for output planes up
@@ -188,7 +195,8 @@ THRESHOLDS = {f"{module}.{name}": module for module, names in (
     ("_kernels.gemm_f64", ("_SERIAL_FMAS", "_TASKS_PER_THREAD", "_WS_MAX")),
     ("precision.half", ("_SERIAL_GEMM_WORK", "_SERIAL_TILED_WORK")),
     ("precision.quantization", ("SERIAL_QUANTIZE_ELEMENTS", "SERIAL_GEMM_WORK", "SKINNY_MAX")),
-    ("_kernels.conv_gemm", ("SMALL_PLANE", "DEEP_TERMS")),
+    ("_kernels.conv_gemm", ("SMALL_PLANE", "DEEP_TERMS", "STRIDED_TERMS", "MIDPLANE",
+                            "MIDPLANE_TERMS")),
     ("_kernels.conv_batch", ("_MAX_POSITIONS", "_MIN_TERMS", "_MIN_COLUMNS",
                              "_GRAD_MAX_POSITIONS")),
     ("_checks", ("_KERNEL_FINITE_THRESHOLD",)),

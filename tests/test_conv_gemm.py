@@ -62,6 +62,10 @@ SHAPES = [  # x shape, Cout, stride, groups, kernel, padding, dilation
     ((2, 20, 37, 29), 80, 1, 1, 1, 0, 1),
     ((2, 20, 74, 58), 80, 2, 1, 1, 0, 1),
     ((1, 130, 9, 71), 8, 1, 2, 1, 0, 1),
+    # unfolded from the stride phases: a residue never read (k 2, s 3), mixed strides
+    ((2, 9, 17, 16), 12, 3, 1, 2, 1, 1),
+    ((1, 6, 15, 14), 7, (2, 3), 1, 3, 2, 2),
+    ((2, 4, 6, 7, 8), 6, (2, 1, 2), 1, 3, 1, 1),
 ]
 
 
@@ -95,6 +99,13 @@ def test_the_plan_takes_the_gemm_path_where_it_is_faster():
     assert fp(64, 32, (1, 1, 1), 58, True, padded=True, O=(1, 58, 58)) != "gemm"
     assert fp(64, 32, (3, 3, 1), 28, True, padded=True, O=(1, 28, 28)) != "gemm"
     assert fp(5, 512, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) != "gemm"
+    # deep strided kernels with 512-bit tiles; deep kernels on mid-sized planes with AVX2
+    wide = K._WIDE512
+    assert (fp(128, 64, (3, 3, 1), 28, True, padded=True, O=(1, 28, 28), strided=True)
+            == "gemm") == wide
+    assert fp(64, 32, (3, 3, 1), 16, True, padded=True, O=(1, 16, 16), strided=True) != "gemm"
+    assert (fp(256, 256, (3, 3, 1), 14, True, padded=True, O=(1, 14, 14), strided=False)
+            == "gemm") == (not wide)
 
 
 @needs_tiles
@@ -111,12 +122,12 @@ def test_inputs_readonly_noncontiguous_and_not_mutated():
 
 
 @needs_tiles
-@pytest.mark.parametrize("s", [1, 2])
+@pytest.mark.parametrize("s,k,p", [(1, 1, 0), (2, 1, 0), (2, 3, 1), (3, 2, 0)])
 @pytest.mark.parametrize("where", [(1, 3, 4, 6), (1, 3, 5, 5), (0, 0, 11, 11)])
-def test_a_nan_in_x_is_reported_read_or_not(s, where):
-    """At stride 2 the element (odd row/column) is never read by any output: it is still
-    reported, with its index."""
-    opts, x, w, b = _case((2, 16, 12, 12), 12, s, 1, seed=4)
+def test_a_nan_in_x_is_reported_read_or_not(s, k, p, where):
+    """At stride 2 with a 1x1 kernel (and at stride 3 with a 2x2 one) some elements are
+    never read by any output: they are still reported, with their index."""
+    opts, x, w, b = _case((2, 16, 12, 12), 12, s, 1, seed=4, k=k, p=p)
     x[where] = np.nan
     with K.forced_path("gemm"):
         with pytest.raises(NonFiniteError, match=r"convolution: x contains nan at index "

@@ -1115,7 +1115,8 @@ def _applicable_forward(Cog, OW, tiled):
     return out + ["generic"]
 
 
-def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=None, N=None):
+def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=None, N=None,
+                 strided=None):
     """The plan: which forward kernel a convolution with ``Cog`` output / ``Cg`` input
     channels per group, kernel extent ``K3``, output rows of ``OW`` positions (zero
     padding when ``padded``) runs (every path gives the same bits; the choice is speed
@@ -1125,8 +1126,9 @@ def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=
       index innermost): small output planes ``O`` where :func:`.conv_batch.usable` says so;
     * ``gemm`` (:func:`.conv_gemm.conv_gemm`, the unfolded input times the weights):
       where :func:`.conv_gemm.preferred` says so for the kernel extents and the output
-      extents ``O`` (deep kernels on small output planes; every unpadded 1x1 kernel,
-      its input read in place);
+      extents ``O`` and the terms per output (deep kernels on small output planes; every
+      unpadded 1x1 kernel, its input read in place; deep strided kernels with 512-bit
+      tiles; deep kernels on planes up to 16x16 with 256-bit tiles);
     * ``rows_fused`` (:func:`conv_forward_rows` copying its own padded/strided input
       windows; ``rows`` on a padded copy when the windows are too large): at least 6
       output channels per group and output rows of whole vectors or >= 16 positions;
@@ -1148,8 +1150,10 @@ def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=
             and conv_batch.usable(Cog, Cg * K3[0] * K3[1] * K3[2], O[0] * O[1] * O[2], N,
                                   tiled)):
         return "batch"
-    if "gemm" in ok and O is not None and conv_gemm.preferred(Cg, K3, O, strided_or_padded,
-                                                              padded, _WIDE512):
+    if strided is None:
+        strided = strided_or_padded and not padded
+    if "gemm" in ok and O is not None and conv_gemm.preferred(Cg, K3, O, strided, padded,
+                                                              _WIDE512):
         return "gemm"
     if Cog >= _ROW_CB and (OW >= 16 or (OW > 0 and OW % _VW == 0)):
         # the fused windows are a packed copy of what the tiles read: faster even without
@@ -1178,7 +1182,7 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     OD, OH, OW = out5.shape[2:]
     strided_or_padded = bool(any(pads) or s != (1, 1, 1))
     path = forward_path(Cog, Cg, K3, OW, strided_or_padded, padded=any(pads), O=(OD, OH, OW),
-                        N=out5.shape[0])
+                        N=out5.shape[0], strided=s != (1, 1, 1))
     if path == "batch":
         return conv_batch.forward(x5, w5, b, has_bias, groups, s, d, pads, out5), None
     if path == "gemm":

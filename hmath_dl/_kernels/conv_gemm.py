@@ -30,6 +30,8 @@ from .gemm_f64 import _CB, _MC, _finish, _panel
 _EXP = np.uint64(0x7FF0000000000000)     # exponent field: all ones only for NaN/inf
 _PANEL = 256                               # output positions per task (at most)
 _PANEL_ELEMS = 3 << 16                     # a task's unfolded panel: <= 1.5 MiB (in L2)
+_NO_TAB = np.zeros((0, 5), dtype=np.int64)  # conv_gemm_tasks: unfold from x itself
+_NO_TAB.flags.writeable = False
 
 
 @helper
@@ -118,17 +120,91 @@ def _pack_panel(x5, i, c0, Cg, geo, p0, p1, T, bl):
     return cnt
 
 
+@helper
+def _pack_split(xq, i, c0, Cg, tab, geo, p0, p1, T, bl):
+    """:func:`_pack_panel`'s panel (the same values in the same layout) read from the
+    zero-padded stride phases ``xq`` of the input (:func:`.conv.pad_split`:
+    ``xq[n, c*Pph + f]`` the phase ``f`` of channel ``c``, ``Pph = tab[0, 4]``): tap
+    ``r = (kd, kh, kw)`` reads phase ``tab[r, 0]`` at offsets ``tab[r, 1:4]``, so every
+    output row's run of positions is one contiguous run of a phase row -- a plain copy,
+    no bounds tests (the padding is in the phases).  No finiteness count (the split
+    counted what it copied)."""
+    OH, OW = geo[13], geo[14]
+    KK = tab.shape[0]
+    Pph = tab[0, 4]
+    Hq, Wq = xq.shape[3], xq.shape[4]
+    K = Cg * KK
+    step = K * T
+    xf = xq.reshape(-1)
+    plane = xq.shape[2] * Hq * Wq
+    for k in range(K):
+        ci = k // KK
+        r = k - ci * KK
+        pb = ((i * xq.shape[1] + (c0 + ci) * Pph + tab[r, 0]) * plane
+              + (tab[r, 1] * Hq + tab[r, 2]) * Wq + tab[r, 3])
+        tb = k * T
+        lane = 0
+        p = p0
+        od = p0 // (OH * OW)
+        oh = (p0 // OW) % OH
+        ow = p0 % OW
+        while p < p1:
+            run = min(T - lane, OW - ow, p1 - p)
+            src = np.uint64(pb + (od * Hq + oh) * Wq + ow)
+            dst = np.uint64(tb + lane)
+            for q in range(np.uint64(run)):
+                bl[dst + q] = xf[src + q]
+            p += run
+            lane += run
+            ow += run
+            if ow == OW:
+                ow = 0
+                oh += 1
+                if oh == OH:
+                    oh = 0
+                    od += 1
+            if lane == T:
+                lane = 0
+                tb += step
+        if lane:
+            for q in range(lane, T):
+                bl[tb + q] = 0.0
+    return 0
+
+
+def _split_table(K3, s, d):
+    """``tab [KD*KH*KW, 5]`` of :func:`_pack_split` for kernel extents ``K3``, strides
+    ``s`` and dilations ``d`` (phases as :func:`.conv.pad_split` orders the used
+    residues) and the used residues."""
+    from .conv import _used_residues
+    used = _used_residues(K3, s, d)
+    nh, nw = len(used[1]), len(used[2])
+    rows = []
+    for kd in range(K3[0]):
+        for kh in range(K3[1]):
+            for kw in range(K3[2]):
+                t = (kd * d[0], kh * d[1], kw * d[2])
+                f = ((used[0].index(t[0] % s[0]) * nh + used[1].index(t[1] % s[1])) * nw
+                     + used[2].index(t[2] % s[2]))
+                rows.append((f, t[0] // s[0], t[1] // s[1], t[2] // s[2],
+                             len(used[0]) * nh * nw))
+    tab = np.array(rows, dtype=np.int64)
+    tab.flags.writeable = False
+    return tab, used
+
+
 def _iterations(N, P, T, tpp):
     """Tasks of :func:`conv_gemm_tasks`: batch elements x panels of ``tpp`` tiles."""
     return N * -(-(-(-P // T)) // tpp)
 
 
-@span_kernel(iterations=lambda x5, c0, Cg, geo, apk, M, T, tpp, *rest:
+@span_kernel(iterations=lambda x5, c0, Cg, geo, tab, apk, M, T, tpp, *rest:
              _iterations(x5.shape[0], geo[12] * geo[13] * geo[14], T, tpp),
-             work=lambda x5, c0, Cg, geo, apk, M, *rest:
+             work=lambda x5, c0, Cg, geo, tab, apk, M, *rest:
              x5.shape[0] * Cg * int(geo[9] * geo[10] * geo[11] * geo[12] * geo[13] * geo[14])
              * M // 16)
-def conv_gemm_tasks(x5, c0, Cg, geo, apk, M, T, tpp, c, cstep, bias, mode, bad, xbad, t0, t1):
+def conv_gemm_tasks(x5, c0, Cg, geo, tab, apk, M, T, tpp, c, cstep, bias, mode, bad, xbad,
+                    t0, t1):
     """``c_i [M, P] = W @ X_i (+ bias[m])`` for every batch element ``i`` of ``x5``
     (``X_i`` as :func:`_pack_panel` defines it; ``W [M, K]`` packed in ``apk`` as for
     :func:`.gemm_f64.gemm_tiled`; output row ``m`` of batch element ``i`` at
@@ -136,7 +212,8 @@ def conv_gemm_tasks(x5, c0, Cg, geo, apk, M, T, tpp, c, cstep, bias, mode, bad, 
     ``T`` columns): each task unfolds its panel once, into its own buffer, then runs every
     row block's chains on it (all chunks of an output in one task, in k order) and the
     epilogue; ``bad[t]`` / ``xbad[t]`` = the number of non-finite outputs / packed input
-    elements of task ``t``."""
+    elements of task ``t``.  With a table ``tab`` (not empty) ``x5`` is the input's
+    zero-padded stride phases and :func:`_pack_split` unfolds the panels instead."""
     P = geo[12] * geo[13] * geo[14]
     K = Cg * geo[9] * geo[10] * geo[11]
     ntile = (P + T - 1) // T
@@ -149,7 +226,10 @@ def conv_gemm_tasks(x5, c0, Cg, geo, apk, M, T, tpp, c, cstep, bias, mode, bad, 
         tb0 = (t - i * pn) * tpp
         tb1 = min(ntile, tb0 + tpp)
         bl = np.empty((tb1 - tb0) * K * T)
-        xbad[t] = _pack_panel(x5, i, c0, Cg, geo, tb0 * T, min(P, tb1 * T), T, bl)
+        if tab.shape[0]:
+            xbad[t] = _pack_split(x5, i, c0, Cg, tab, geo, tb0 * T, min(P, tb1 * T), T, bl)
+        else:
+            xbad[t] = _pack_panel(x5, i, c0, Cg, geo, tb0 * T, min(P, tb1 * T), T, bl)
         scr = np.empty(((tb1 - tb0) + bpp) * _CB * T if edges else 0)
         nbad = 0
         for b0 in range(0, nmb, bpp):
@@ -300,17 +380,31 @@ DEEP_TERMS = 256
 #: place (:func:`pointwise_tasks`; two threads, 2026-12-03, AVX-512 / AVX2 ms: 1x1 256->64
 #: @56 batch 8 9.5 / 13.6 vs 11.4 / 14.3 on the fused-window row kernel; stride 2
 #: 256->512 @56 15.8 / 24.7 vs 26.3 / 26.0, and vs 19 on AVX-512's unfolding GEMM).
+#: Strided kernels with at least this many terms per output run here with 512-bit tiles
+#: (unfolded from the stride phases; 3x3 s2 64->128 @56: 8.9 vs 9.8-11.4 ms on the row
+#: kernel; with AVX2 12.9 vs 11.9, so not there; 3x3 s2 32->64 @32, 288 terms: 1.1 vs 0.8).
+STRIDED_TERMS = 512
+#: With 256-bit tiles, output planes up to this many positions run here when each output
+#: has at least :data:`MIDPLANE_TERMS` terms (3x3 256->256 @14: 21.1 vs 23.6-25.2 ms on
+#: the wide-tile kernel; with 512-bit tiles a tie, 17.2 vs 16.6).
+MIDPLANE = 256
+MIDPLANE_TERMS = 1024
 
 
 def preferred(Cg, K3, O, strided, padded, wide512):
     """Whether the plan runs an applicable convolution with ``Cg`` input channels per
-    group, kernel extents ``K3`` and output extents ``O`` here (see :data:`SMALL_PLANE`;
-    every unpadded 1x1 kernel; ``strided`` and ``wide512`` (512-bit register tiles) no
-    longer decide anything and are kept for the callers)."""
+    group, kernel extents ``K3`` and output extents ``O`` here (``strided``: a stride
+    above 1; ``wide512``: 512-bit register tiles): see :data:`SMALL_PLANE`,
+    :data:`STRIDED_TERMS`, :data:`MIDPLANE`; and every unpadded 1x1 kernel."""
     P = O[0] * O[1] * O[2]
-    if P <= SMALL_PLANE and Cg * K3[0] * K3[1] * K3[2] >= DEEP_TERMS:
+    terms = Cg * K3[0] * K3[1] * K3[2]
+    if P <= SMALL_PLANE and terms >= DEEP_TERMS:
         return True
-    return tuple(K3) == (1, 1, 1) and not padded
+    if tuple(K3) == (1, 1, 1) and not padded:
+        return True
+    if wide512:
+        return bool(strided) and terms >= STRIDED_TERMS
+    return P <= MIDPLANE and terms >= MIDPLANE_TERMS
 
 
 def conv_gemm(x5, w5, bias, has_bias, groups, s, d, pads, out5):
@@ -337,6 +431,24 @@ def conv_gemm(x5, w5, bias, has_bias, groups, s, d, pads, out5):
     tpp = -(-ntile // -(-ntile // tpp))      # equal panels (25 tiles: 7+6+6+6, not 8+8+8+1)
     tasks = _iterations(N, P, T, tpp)
     geo = np.array(tuple(s) + tuple(d) + tuple(pads) + tuple(K3) + tuple(O), dtype=np.int64)
+    x_split = None
+    if tuple(s) != (1, 1, 1) or any(pads):
+        # unfold from the zero-padded stride phases: contiguous runs, no bounds tests
+        from .conv import pad_split
+        tab, used = _split_table(K3, s, d)
+        S = x5.shape[2:]
+        grid = tuple(-(-(S[a] + 2 * pads[a]) // s[a]) for a in range(3))
+        xq = np.empty((N, x5.shape[1] * int(tab[0, 4])) + grid)
+        copied = pad_split(x5, pads[0], pads[1], pads[2], s[0], s[1], s[2],
+                           *(np.asarray(u, dtype=np.int64) for u in used), xq)
+        # every residue used: the split copied (and checked) every element of x
+        x_split = bool(copied) if int(tab[0, 4]) == s[0] * s[1] * s[2] else None
+        if x_split is False:
+            return None, False
+        src = xq
+    else:
+        tab = _NO_TAB
+        src = x5
     w2 = w5.reshape(Cout, K)
     c = out5.reshape(-1)
     out_bad = x_bad = 0
@@ -345,10 +457,12 @@ def conv_gemm(x5, w5, bias, has_bias, groups, s, d, pads, out5):
         b = bias[g * Cog:(g + 1) * Cog] if has_bias else np.zeros(1)
         bad = np.zeros(tasks, dtype=np.int64)
         xbad = np.zeros(tasks, dtype=np.int64)
-        conv_gemm_tasks(x5, g * Cg, Cg, geo, apk, Cog, T, tpp, c[g * Cog * P:], Cout * P, b,
-                        1 if has_bias else 0, bad, xbad)
+        conv_gemm_tasks(src, g * Cg, Cg, geo, tab, apk, Cog, T, tpp, c[g * Cog * P:],
+                        Cout * P, b, 1 if has_bias else 0, bad, xbad)
         out_bad += int(bad.sum())
         x_bad += int(xbad.sum())
+    if x_split is not None or tab is not _NO_TAB:
+        return out_bad == 0, x_split
     if x_bad:
         return out_bad == 0, False
     every = tuple(K3) == (1, 1, 1) and tuple(s) == (1, 1, 1) and not any(pads)
