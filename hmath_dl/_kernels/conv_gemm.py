@@ -24,7 +24,7 @@ kernel's window of all input channels too large for L1) and tasks over the whole
 import numpy as np
 
 from . import gemm_f64 as G
-from ._jit import helper, span_kernel
+from ._jit import helper, inlined, span_kernel
 from .gemm_f64 import _CB, _MC, _finish, _panel
 
 _EXP = np.uint64(0x7FF0000000000000)     # exponent field: all ones only for NaN/inf
@@ -32,6 +32,26 @@ _PANEL = 256                               # output positions per task (at most)
 _PANEL_ELEMS = 3 << 16                     # a task's unfolded panel: <= 1.5 MiB (in L2)
 _NO_TAB = np.zeros((0, 5), dtype=np.int64)  # conv_gemm_tasks: unfold from x itself
 _NO_TAB.flags.writeable = False
+
+
+@inlined
+def _advance(run, p, lane, tb, od, oh, ow, T, step, OH, OW):
+    """The panel walk of the unfolding packs after a run of ``run`` positions: the next
+    position ``p`` (and its ``od, oh, ow``), its lane in the tile and the tile's row
+    offset ``tb`` (a tile holds ``T`` positions; the next tile starts ``step`` later)."""
+    p += run
+    lane += run
+    ow += run
+    if ow == OW:
+        ow = 0
+        oh += 1
+        if oh == OH:
+            oh = 0
+            od += 1
+    if lane == T:
+        lane = 0
+        tb += step
+    return p, lane, tb, od, oh, ow
 
 
 @helper
@@ -73,11 +93,7 @@ def _pack_panel(x5, i, c0, Cg, geo, p0, p1, T, bl):
             continue
         off = kw * dw - pw
         tb = k * T
-        lane = 0
-        p = p0
-        od = p0 // (OH * OW)
-        oh = (p0 // OW) % OH
-        ow = p0 % OW
+        p, lane, od, oh, ow = p0, 0, p0 // (OH * OW), (p0 // OW) % OH, p0 % OW
         while p < p1:
             run = min(T - lane, OW - ow, p1 - p)
             di = od * sd - pd + kd * dd
@@ -98,18 +114,7 @@ def _pack_panel(x5, i, c0, Cg, geo, p0, p1, T, bl):
                     bl[dst + q] = xr[src + q * sw]
                 for q in range(qb, run):
                     bl[dst + q] = 0.0
-            p += run
-            lane += run
-            ow += run
-            if ow == OW:
-                ow = 0
-                oh += 1
-                if oh == OH:
-                    oh = 0
-                    od += 1
-            if lane == T:
-                lane = 0
-                tb += step
+            p, lane, tb, od, oh, ow = _advance(run, p, lane, tb, od, oh, ow, T, step, OH, OW)
         if lane:
             for q in range(lane, T):
                 bl[tb + q] = 0.0
@@ -143,29 +148,14 @@ def _pack_split(xq, i, c0, Cg, tab, geo, p0, p1, T, bl):
         pb = ((i * xq.shape[1] + (c0 + ci) * Pph + tab[r, 0]) * plane
               + (tab[r, 1] * Hq + tab[r, 2]) * Wq + tab[r, 3])
         tb = k * T
-        lane = 0
-        p = p0
-        od = p0 // (OH * OW)
-        oh = (p0 // OW) % OH
-        ow = p0 % OW
+        p, lane, od, oh, ow = p0, 0, p0 // (OH * OW), (p0 // OW) % OH, p0 % OW
         while p < p1:
             run = min(T - lane, OW - ow, p1 - p)
             src = np.uint64(pb + (od * Hq + oh) * Wq + ow)
             dst = np.uint64(tb + lane)
             for q in range(np.uint64(run)):
                 bl[dst + q] = xf[src + q]
-            p += run
-            lane += run
-            ow += run
-            if ow == OW:
-                ow = 0
-                oh += 1
-                if oh == OH:
-                    oh = 0
-                    od += 1
-            if lane == T:
-                lane = 0
-                tb += step
+            p, lane, tb, od, oh, ow = _advance(run, p, lane, tb, od, oh, ow, T, step, OH, OW)
         if lane:
             for q in range(lane, T):
                 bl[tb + q] = 0.0
