@@ -58,7 +58,8 @@ SHAPES = [  # x shape, Cout, stride, groups, kernel, padding, dilation
     ((2, 4, 40), 9, 1, 1, 5, 2, 1),
     ((1, 4, 5, 6, 7), 6, 1, 1, 3, 1, 1),
     ((1, 64, 6, 6), 70, 1, 1, 3, 1, 1),
-    # 1x1, read in place: panels of several tiles, a partial last tile, 14 row blocks
+    # 1x1 (channel planes packed by plain copies): panels of several tiles, a partial
+    # last tile, 14 row blocks
     ((2, 20, 37, 29), 80, 1, 1, 1, 0, 1),
     ((2, 20, 74, 58), 80, 2, 1, 1, 0, 1),
     ((1, 130, 9, 71), 8, 1, 2, 1, 0, 1),
@@ -86,7 +87,7 @@ def test_gemm_path_gives_the_generic_kernels_bits(xs, cout, s, groups, k, p, d):
 @needs_tiles
 def test_the_plan_takes_the_gemm_path_where_it_is_faster():
     """Deep kernels on small output planes and every unpadded 1x1 kernel (strided or
-    not, any plane: its input is read in place) go to the GEMM on every ISA; padded 1x1
+    not, any plane: its panels are plain copies of the input) go to the GEMM on every ISA; padded 1x1
     kernels, shallow kernels on small planes and fewer than 6 channels per group stay on
     the other kernels."""
     fp = K.forward_path

@@ -1127,7 +1127,7 @@ def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=
     * ``gemm`` (:func:`.conv_gemm.conv_gemm`, the unfolded input times the weights):
       where :func:`.conv_gemm.preferred` says so for the kernel extents and the output
       extents ``O`` and the terms per output (deep kernels on small output planes; every
-      unpadded 1x1 kernel, its input read in place; deep strided kernels with 512-bit
+      unpadded 1x1 kernel, packed by plain copies; deep strided kernels with 512-bit
       tiles; deep kernels on planes up to 16x16 with 256-bit tiles);
     * ``rows_fused`` (:func:`conv_forward_rows` copying its own padded/strided input
       windows; ``rows`` on a padded copy when the windows are too large): at least 6

@@ -225,8 +225,7 @@ def conv_gemm_tasks(x5, c0, Cg, geo, tab, apk, M, T, tpp, c, cstep, bias, mode, 
         for b0 in range(0, nmb, bpp):
             b1 = min(nmb, b0 + bpp)
             # bl holds tiles tb0.. only: offset so that tile tb0 starts at bl[0]
-            _panel(apk, bl, -tb0 * K * T, K * T, T, c, i * cstep, P, M, P, K, T, b0, b1, tb0,
-                   tb1, scr)
+            _panel(apk, bl, -tb0 * K * T, c, i * cstep, P, M, P, K, T, b0, b1, tb0, tb1, scr)
             nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, tb0, tb1, scr, bias, mode)
         bad[t] = nbad
 
@@ -234,53 +233,50 @@ def conv_gemm_tasks(x5, c0, Cg, geo, tab, apk, M, T, tpp, c, cstep, bias, mode, 
 # --------------------------------------------------------------------------- pointwise
 # An unpadded 1x1 kernel needs no unfolding: ``X_ng`` is the group's channel planes of the
 # input themselves (at stride 1; at larger strides the subsampled planes), a C-contiguous
-# ``[Cg, P]`` block of each batch element.  The GEMM's micro-kernels read their b tiles
-# straight from it (row stride P), so nothing is packed but the last tile of a plane that
-# is no whole number of tiles (its columns past P would be the next row's).
+# ``[Cg, P]`` block of each batch element, so a task's panel is packed by plain copies
+# of contiguous runs of T positions.  (Reading the b tiles in place instead, at the
+# plane's row stride, was slower: 1x1 256->64 @56, AVX-512, 10.6-11.6 vs 8.5-9.0 ms; the
+# rows of a tile's k chunk then share few L1 sets.)
 @span_kernel(iterations=lambda xf, xoff, xstep, K, P, apk, M, T, tpp, *rest:
              (xf.shape[0] // xstep) * -(-(-(-P // T)) // tpp),
              work=lambda xf, xoff, xstep, K, P, apk, M, *rest:
              (xf.shape[0] // xstep) * K * P * M // 16)
 def pointwise_tasks(xf, xoff, xstep, K, P, apk, M, T, tpp, c, cstep, bias, mode, bad, t0, t1):
     """``c_i [M, P] = W @ X_i (+ bias[m])`` for every batch element ``i``, ``X_i [K, P]``
-    read in place at ``xf[xoff + i*xstep + k*P + p]`` (``W`` packed in ``apk`` as for
+    at ``xf[xoff + i*xstep + k*P + p]`` (``W`` packed in ``apk`` as for
     :func:`.gemm_f64.gemm_tiled`; output row ``m`` of batch element ``i`` at
     ``c[i*cstep + m*P]``).  Tasks: (batch element, panel of ``tpp`` tiles of ``T``
-    columns), every row block's chains in the task (all chunks of an output in one task,
-    in k order), then the epilogue; a plane's partial last tile is copied, zero-padded,
-    into a buffer of the task that computes it.  ``bad[t]`` = the non-finite outputs of
-    task ``t``."""
+    columns); each packs its panel (zero columns past P), runs every row block's chains
+    on it (all chunks of an output in one task, in k order), then the epilogue;
+    ``bad[t]`` = the non-finite outputs of task ``t``."""
     ntile = (P + T - 1) // T
-    full = P // T                        # tiles without padding columns
     pn = (ntile + tpp - 1) // tpp
     nmb = (M + _CB - 1) // _CB
     bpp = _MC // _CB
+    uT = np.uint64(T)
+    uK = np.uint64(K)
     for t in range(t0, t1):
         i = t // pn
         tb0 = (t - i * pn) * tpp
         tb1 = min(ntile, tb0 + tpp)
-        te = min(tb1, full)
-        edge = tb1 > full
         base = xoff + i * xstep
-        scr = np.empty((tb1 - tb0 + bpp + 1) * _CB * T if M % _CB or edge else 0)
-        ebuf = np.zeros(K * T if edge else 0)
-        if edge:
-            w = P - full * T
-            for k in range(K):
-                src = base + k * P + full * T
+        bl = np.empty((tb1 - tb0) * K * T)
+        for k in range(uK):
+            src = np.uint64(base + tb0 * T) + k * np.uint64(P)
+            for tl in range(np.uint64(tb1 - tb0)):
+                dst = (tl * uK + k) * uT
+                s0 = src + tl * uT
+                w = min(uT, np.uint64(P - tb0 * T) - tl * uT)
                 for q in range(w):
-                    ebuf[k * T + q] = xf[src + q]
+                    bl[dst + q] = xf[s0 + q]
+                for q in range(w, uT):
+                    bl[dst + q] = 0.0
+        scr = np.empty(((tb1 - tb0) + bpp) * _CB * T if M % _CB or P % T else 0)
         nbad = 0
         for b0 in range(0, nmb, bpp):
             b1 = min(nmb, b0 + bpp)
-            if te > tb0:
-                _panel(apk, xf, base, T, P, c, i * cstep, P, M, P, K, T, b0, b1, tb0, te, scr)
-                nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, tb0, te, scr, bias, mode)
-            if edge:
-                _panel(apk, ebuf, 0, 0, T, c, i * cstep, P, M, P, K, T, b0, b1, full, full + 1,
-                       scr)
-                nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, full, full + 1, scr, bias,
-                                mode)
+            _panel(apk, bl, -tb0 * K * T, c, i * cstep, P, M, P, K, T, b0, b1, tb0, tb1, scr)
+            nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, tb0, tb1, scr, bias, mode)
         bad[t] = nbad
 
 
@@ -366,10 +362,10 @@ def applies(Cog, tiled):
 #: 25 / 39; but 3x3 16->32 @8, batch 64: 4.7 vs 1.5 on the row kernel).
 SMALL_PLANE = 64
 DEEP_TERMS = 256
-#: Unpadded 1x1 kernels run here on every ISA, strided or not, and read the input in
-#: place (:func:`pointwise_tasks`; two threads, 2026-12-03, AVX-512 / AVX2 ms: 1x1 256->64
-#: @56 batch 8 9.5 / 13.6 vs 11.4 / 14.3 on the fused-window row kernel; stride 2
-#: 256->512 @56 15.8 / 24.7 vs 26.3 / 26.0, and vs 19 on AVX-512's unfolding GEMM).
+#: Unpadded 1x1 kernels run here on every ISA, strided or not (:func:`pointwise_tasks`;
+#: two threads, 2026-12-03, AVX-512 / AVX2 ms: 1x1 256->64 @56 batch 8 8.5-10 / 13.9-14.7
+#: vs 11.1-12.6 / 14.3-18.2 on the fused-window row kernel; stride 2 256->512 @56 17 /
+#: 22.7-23 vs 26-29 / 25-27, and vs 19 on AVX-512's unfolding GEMM).
 #: Strided kernels with at least this many terms per output run here with 512-bit tiles
 #: (unfolded from the stride phases; 3x3 s2 64->128 @56: 8.9 vs 9.8-11.4 ms on the row
 #: kernel; with AVX2 12.9 vs 11.9, so not there; 3x3 s2 32->64 @32, 288 terms: 1.1 vs 0.8).

@@ -79,13 +79,10 @@ def _tasks(M, N, T, nb=1, threads=1):
 
 
 @helper
-def _panel(apk, bpk, bb, tstep, kstep, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
+def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
     """The register-tiled chains of one task: output rows of the 6-row blocks
     ``b0 .. b1-1`` times the columns of the tiles ``t0 .. t1-1`` of the product whose
-    ``b`` term ``k`` of tile ``tile`` (T columns) starts at ``bpk[bb + tile*tstep +
-    k*kstep]`` (packed panels: ``tstep = K*T``, ``kstep = T``; an unpacked C-contiguous
-    ``b [K, N]`` with ``N`` a multiple of ``T``: ``tstep = T``, ``kstep = N``) and whose
-    output row ``m`` starts at ``c[cc + m*ldc]``.
+    ``b`` panels start at ``bpk[bb]`` and whose output row ``m`` starts at ``c[cc + m*ldc]``.
 
     BLIS's order: K in chunks of ``_KC`` terms; per chunk one tile's chunk of b (KC x T,
     in L1) meets every 6-row block of the task's chunk of a (from L2), then the next
@@ -107,7 +104,7 @@ def _panel(apk, bpk, bb, tstep, kstep, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, s
         nk = min(_KC, K - k0)
         first = k0 == 0
         for tile in range(t0, t1):
-            bbase = bb + tile * tstep + k0 * kstep
+            bbase = bb + (tile * K + k0) * T
             for blk in range(b0, b1):
                 ab = (blk * K + k0) * _CB
                 if tile == cedge or blk == redge:
@@ -125,13 +122,13 @@ def _panel(apk, bpk, bb, tstep, kstep, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, s
                           else cc + b0 * _CB * ldc + (tile + 1) * T)
                 vt = VE if tile == cedge else V
                 if vt == 4:
-                    _mv4(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv4(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
                 elif vt == 3:
-                    _mv3(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv3(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
                 elif vt == 2:
-                    _mv2(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv2(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
                 else:
-                    _mv1(bpk, bbase, kstep, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv1(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
 
 
 @helper
@@ -210,8 +207,7 @@ def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, pm, pn, bias, mode, b
         tb1 = (rn + 1) * ntile // pn
         edges = b0 <= redge < b1 or tb0 <= cedge < tb1
         scr = np.empty(((tb1 - tb0) + (b1 - b0)) * _CB * T if edges else 0)
-        _panel(apk, bpk, i * bstep, K * T, T, c, i * cstep, ldc, M, N, K, T, b0, b1, tb0, tb1,
-               scr)
+        _panel(apk, bpk, i * bstep, c, i * cstep, ldc, M, N, K, T, b0, b1, tb0, tb1, scr)
         if edges or mode != 3:
             bad[t] = _finish(c, i * cstep, ldc, M, N, T, b0, b1, tb0, tb1, scr, bias, mode)
 
