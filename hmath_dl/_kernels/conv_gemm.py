@@ -81,14 +81,15 @@ def _pack_panel(x5, i, c0, Cg, geo, p0, p1, T, bl):
         kh = (r // KW) % KH
         kw = r % KW
         if flat:
+            # plain copies of contiguous runs (unsigned indices: no wrap-around tests)
             xf = x5[i, c0 + ci].ravel()
             for tl in range(ntl):
-                q0 = p0 + tl * T
-                w = min(T, p1 - q0)
-                base = tl * step + k * T
+                q0 = np.uint64(p0 + tl * T)
+                w = np.uint64(min(T, p1 - p0 - tl * T))
+                base = np.uint64(tl * step + k * T)
                 for q in range(w):
                     bl[base + q] = xf[q0 + q]
-                for q in range(w, T):
+                for q in range(w, np.uint64(T)):
                     bl[base + q] = 0.0
             continue
         off = kw * dw - pw
@@ -183,6 +184,23 @@ def _split_table(K3, s, d):
     return tab, used
 
 
+@inlined
+def _all_rows(apk, bl, tb0, tb1, c, cc, M, P, K, T, scr, bias, mode):
+    """Every row block's chains on a task's packed panel ``bl`` (the tiles ``tb0 ..
+    tb1-1`` of a product with ``P`` columns, output row ``m`` at ``c[cc + m*P]``), in
+    groups of the GEMM's row panels, each followed by its epilogue; returns the number of
+    non-finite outputs."""
+    nmb = (M + _CB - 1) // _CB
+    bpp = _MC // _CB
+    nbad = 0
+    for b0 in range(0, nmb, bpp):
+        b1 = min(nmb, b0 + bpp)
+        # bl holds tiles tb0.. only: offset so that tile tb0 starts at bl[0]
+        _panel(apk, bl, -tb0 * K * T, c, cc, P, M, P, K, T, b0, b1, tb0, tb1, scr)
+        nbad += _finish(c, cc, P, M, P, T, b0, b1, tb0, tb1, scr, bias, mode)
+    return nbad
+
+
 def _iterations(N, P, T, tpp):
     """Tasks of :func:`conv_gemm_tasks`: batch elements x panels of ``tpp`` tiles."""
     return N * -(-(-(-P // T)) // tpp)
@@ -208,7 +226,6 @@ def conv_gemm_tasks(x5, c0, Cg, geo, tab, apk, M, T, tpp, c, cstep, bias, mode, 
     K = Cg * geo[9] * geo[10] * geo[11]
     ntile = (P + T - 1) // T
     pn = (ntile + tpp - 1) // tpp
-    nmb = (M + _CB - 1) // _CB
     bpp = _MC // _CB                     # row blocks per panel, as in gemm_tiled
     edges = M % _CB != 0 or P % T != 0
     for t in range(t0, t1):
@@ -221,13 +238,7 @@ def conv_gemm_tasks(x5, c0, Cg, geo, tab, apk, M, T, tpp, c, cstep, bias, mode, 
         else:
             xbad[t] = _pack_panel(x5, i, c0, Cg, geo, tb0 * T, min(P, tb1 * T), T, bl)
         scr = np.empty(((tb1 - tb0) + bpp) * _CB * T if edges else 0)
-        nbad = 0
-        for b0 in range(0, nmb, bpp):
-            b1 = min(nmb, b0 + bpp)
-            # bl holds tiles tb0.. only: offset so that tile tb0 starts at bl[0]
-            _panel(apk, bl, -tb0 * K * T, c, i * cstep, P, M, P, K, T, b0, b1, tb0, tb1, scr)
-            nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, tb0, tb1, scr, bias, mode)
-        bad[t] = nbad
+        bad[t] = _all_rows(apk, bl, tb0, tb1, c, i * cstep, M, P, K, T, scr, bias, mode)
 
 
 # --------------------------------------------------------------------------- pointwise
@@ -251,7 +262,6 @@ def pointwise_tasks(xf, xoff, xstep, K, P, apk, M, T, tpp, c, cstep, bias, mode,
     ``bad[t]`` = the non-finite outputs of task ``t``."""
     ntile = (P + T - 1) // T
     pn = (ntile + tpp - 1) // tpp
-    nmb = (M + _CB - 1) // _CB
     bpp = _MC // _CB
     uT = np.uint64(T)
     uK = np.uint64(K)
@@ -272,12 +282,7 @@ def pointwise_tasks(xf, xoff, xstep, K, P, apk, M, T, tpp, c, cstep, bias, mode,
                 for q in range(w, uT):
                     bl[dst + q] = 0.0
         scr = np.empty(((tb1 - tb0) + bpp) * _CB * T if M % _CB or P % T else 0)
-        nbad = 0
-        for b0 in range(0, nmb, bpp):
-            b1 = min(nmb, b0 + bpp)
-            _panel(apk, bl, -tb0 * K * T, c, i * cstep, P, M, P, K, T, b0, b1, tb0, tb1, scr)
-            nbad += _finish(c, i * cstep, P, M, P, T, b0, b1, tb0, tb1, scr, bias, mode)
-        bad[t] = nbad
+        bad[t] = _all_rows(apk, bl, tb0, tb1, c, i * cstep, M, P, K, T, scr, bias, mode)
 
 
 @span_kernel(iterations=lambda xf, plane, geo, out, bad: bad.shape[0],
