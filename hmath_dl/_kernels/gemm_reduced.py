@@ -489,13 +489,12 @@ BAD_OPERAND = np.int64(-2)
 
 
 @kernel
-def reduced_product(a, apk, b, bpk, c, out, out_flat, T, ntask, Np, bpp, tpp, mbits, bias,
-                    allow_fused):
+def reduced_product(a, apk, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias, allow_fused):
     """The tiled reduced GEMM in one launch (no Python between its two parallel loops,
     so the thread pool's workers are still awake for the second): round and pack both
     float64 operands (``ntask`` tasks of :func:`_pack_task`), then the product ``out =
     float64(a16 @ b16)`` by the module's specification (:func:`_gemm_task` over tasks of
-    ``bpp`` row blocks x ``tpp`` tiles; ``out_flat`` is ``out``'s flat view), with the
+    ``bpp`` row blocks x ``tpp`` tiles; ``out`` C-contiguous), with the
     exact-FMA micro-kernel where ``allow_fused`` and :func:`_products_exact` say so.
 
     Returns :data:`BAD_OPERAND` when an operand holds NaN/inf or an entry overflows in the
@@ -520,6 +519,7 @@ def reduced_product(a, apk, b, bpk, c, out, out_flat, T, ntask, Np, bpp, tpp, mb
     fused = allow_fused and _products_exact(stats_a, stats_b)
     ntasks = ((nmb + bpp - 1) // bpp) * ((ntile + tpp - 1) // tpp)
     first_bad = np.full(ntasks, NO_INDEX, dtype=np.int64)
+    out_flat = out.reshape(-1)
     for t in prange(ntasks):
         first_bad[t] = _gemm_task(apk, bpk, c, a.shape[1], Np, T, bpp, tpp, fused, out,
                                   out_flat, t)
@@ -575,7 +575,6 @@ def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     # the rounding: one task per thread, each an equal share of both operands (2 threads,
     # 256^3: 54 -> 48 us against one task per row block; 8 or 32 tasks were slower)
     ntask = 1 if serial else max(1, min(max(Mp // TCB, K), numba.get_num_threads()))
-    bad = int(reduced_product.when_small(serial)(a, apk, b, bpk, c, out, out.reshape(-1), T,
-                                                 ntask, Np, bpp, tpp, mbits, bias,
-                                                 bool(allow_fused)))
+    bad = int(reduced_product.when_small(serial)(a, apk, b, bpk, c, out, T, ntask, Np, bpp,
+                                                 tpp, mbits, bias, bool(allow_fused)))
     return None if bad == BAD_OPERAND else bad
