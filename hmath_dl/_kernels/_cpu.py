@@ -181,11 +181,18 @@ def _machine(portable: bool) -> Machine:
     return _read(portable)
 
 
+_MACHINE = []     # the process's Machine, once read
+
+
 def machine() -> Machine:
     """The target description (read once per process; ``HMATH_DL_KERNELS=portable``
-    forces the portable kernels)."""
+    forces the portable kernels).  Facades ask on every call: after the first, one list
+    lookup (no import statement, no cache machinery)."""
+    if _MACHINE:
+        return _MACHINE[0]
     from ..config import KERNELS
-    return _machine(KERNELS == "portable")
+    _MACHINE.append(_machine(KERNELS == "portable"))
+    return _MACHINE[0]
 
 
 def describe() -> str:

@@ -553,6 +553,29 @@ def _tiles(M, N):
     return Mp, T, Np, bpp, tpp
 
 
+_PLANS = {}       # (M, K, N, threads) -> (T, Np, bpp, tpp, ntask, a, b, c workspace sizes)
+
+
+def _plan(M, K, N, threads):
+    """The launch shape of :func:`reduced_tiled` for an ``[M, K] x [K, N]`` product on
+    ``threads`` threads (``threads`` 1: the serial launch), computed once per shape: the
+    call's Python stays short (right after a launch the interpreter runs from cold caches,
+    several microseconds per function call)."""
+    key = (M, K, N, threads)
+    plan = _PLANS.get(key)
+    if plan is None:
+        Mp, T, Np, bpp, tpp = _tiles(M, N)
+        # the rounding: one task per thread, each an equal share of both operands (2
+        # threads, 256^3: 54 -> 48 us against one task per row block; 8 or 32 tasks were
+        # slower)
+        ntask = max(1, min(max(Mp // TCB, K), threads))
+        plan = (T, Np, bpp, tpp, ntask, Mp * K, Np * K, Mp * Np)
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
 def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     """The tiled reduced GEMM from float64 operands: ``a [M, K]``, ``b [K, N]``
     (C-contiguous float64, M, N, K >= 1) rounded to the 16-bit format ``(mbits, bias)``
@@ -567,14 +590,10 @@ def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     product is too small for parallel launches (:meth:`._jit.Kernel.when_small`)."""
     from .gemm_f64 import _workspace
     M, K = a.shape
-    N = b.shape[1]
-    Mp, T, Np, bpp, tpp = _tiles(M, N)
-    apk = _workspace("a32", Mp * K, np.float32)
-    bpk = _workspace("b32", Np * K, np.float32)
-    c = _workspace("c32", Mp * Np, np.float32)
-    # the rounding: one task per thread, each an equal share of both operands (2 threads,
-    # 256^3: 54 -> 48 us against one task per row block; 8 or 32 tasks were slower)
-    ntask = 1 if serial else max(1, min(max(Mp // TCB, K), numba.get_num_threads()))
-    bad = int(reduced_product.when_small(serial)(a, apk, b, bpk, c, out, T, ntask, Np, bpp,
-                                                 tpp, mbits, bias, bool(allow_fused)))
+    launch = reduced_product.when_small(serial)
+    T, Np, bpp, tpp, ntask, na, nb, nc = _plan(
+        M, K, b.shape[1], 1 if launch is reduced_product.serial else numba.get_num_threads())
+    bad = int(launch(a, _workspace("a32", na, np.float32), b, _workspace("b32", nb, np.float32),
+                     _workspace("c32", nc, np.float32), out, T, ntask, Np, bpp, tpp,
+                     mbits, bias, bool(allow_fused)))
     return None if bad == BAD_OPERAND else bad

@@ -391,6 +391,8 @@ def reduced_gemm(precision, a, b) -> np.ndarray:
         bad = _kgemm.reduced_tiled(
             a, b, mbits, bias, out, _forced_arith["arithmetic"] != "separate",
             serial=runs_serial(m * n * k <= _SERIAL_TILED_WORK))
+        if bad == NO_INDEX:     # every output finite: the common case, no more Python
+            return out
         if bad is not None:     # None: NaN/inf or an overflowing entry, named below
             return _finish(fname, precision, out, bad)
     a32, status_a, range_a = _round_float32(fname, precision, a)
