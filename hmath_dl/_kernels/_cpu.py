@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import platform
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 __all__ = ["Machine", "machine", "describe", "target_environment"]
 
@@ -51,7 +51,7 @@ class Machine:
     def fma(self) -> bool:
         return self.has("fma") or self.arch == "aarch64"
 
-    @property
+    @cached_property
     def vector_bits(self) -> int:
         if self.has("avx512f"):
             return 512
@@ -68,7 +68,7 @@ class Machine:
         return 32 if self.has("avx512f") or self.arch == "aarch64" else 16
 
     # --- what the kernels use (``portable`` turns every special path off) ----------------
-    @property
+    @cached_property
     def isa(self) -> str:
         """The micro-kernel family the kernels use: ``avx512``, ``avx2`` or ``portable``."""
         if self.portable or self.arch != "x86_64":

@@ -28,6 +28,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ._cpu import machine
 from ._jit import helper, inlined, kernel, runs_serial, span_kernel
 from ._simd import _ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block
 
@@ -432,7 +433,6 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
     the number of non-finite elements of ``c`` (counted as it is written; without
     ``count`` and ``bias``: not counted, 0).  ``c`` is a new C-contiguous array or
     ``out``; ``tiled`` forces the path (None: the machine policy decides)."""
-    from ._cpu import machine
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     M, K = a.shape

@@ -19,6 +19,9 @@ import numpy as np
 from .. import _checks
 from .._kernels import libm
 from .._kernels import softmax as _sm
+from .._kernels.elementwise import (sized_derivative, sized_derivative_param,
+                                     sized_forward_derivative,
+                                     sized_forward_derivative_param)
 from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
 from .._kernels.status import OK
@@ -417,11 +420,9 @@ def activate(activation, x, *, negative_slope=None, alpha=None, beta=None):
     value = np.empty(x.shape)
     d = np.empty(x.shape)
     if p is None:
-        from .._kernels.elementwise import sized_forward_derivative
         ok = sized_forward_derivative(x.size)(act.value, x.value.reshape(-1),
                                               value.reshape(-1), d.reshape(-1))
     else:
-        from .._kernels.elementwise import sized_forward_derivative_param
         ok = sized_forward_derivative_param(x.size)(act.value, p, x.value.reshape(-1),
                                                     value.reshape(-1), d.reshape(-1)) == OK
     if not ok:  # let the plain layer raise its error
@@ -439,10 +440,8 @@ def _vjp_activate(g, node, needs):
         d = np.empty(x.shape)
         if x.size:
             if p is None:
-                from .._kernels.elementwise import sized_derivative
                 sized_derivative(x.size)(code, x.reshape(-1), d.reshape(-1))
             else:
-                from .._kernels.elementwise import sized_derivative_param
                 sized_derivative_param(x.size)(code, p, x.reshape(-1), d.reshape(-1))
     return (g * d,)
 
@@ -466,7 +465,6 @@ def _keep_shape(shape, axes):
 def _fixed_sum(v, axes, keepdims):
     """``numpy.sum(v, axes, keepdims=keepdims)`` in the fixed order of
     ``hmath_dl._kernels.reduce.sum_to`` (no numpy reduction)."""
-    from .._kernels.reduce import sum_to
     out = sum_to(v, [i not in axes for i in range(v.ndim)])
     if keepdims:
         out = out.reshape(_keep_shape(v.shape, axes))

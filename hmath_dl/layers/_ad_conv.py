@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._kernels import conv_batch, conv_wgrad
+from .._kernels._cpu import machine
+from .._kernels.backward import channels_first, col2im, im2col
 from .._kernels.gemm_f64 import matmul_nd
 from .._kernels.reduce import sum_to
 from ..autodiff.core import vjp_of
@@ -138,9 +141,6 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     gradient runs :func:`hmath_dl._kernels.conv_batch.input_gradient` instead (the same
     bits).
     """
-    from .._kernels import conv_batch, conv_wgrad
-    from .._kernels._cpu import machine
-    from .._kernels.backward import channels_first, col2im, im2col
     xs = x.shape
     N, C = xs[0], xs[1]
     Cout = w_shape[0]
