@@ -181,18 +181,18 @@ def _machine(portable: bool) -> Machine:
     return _read(portable)
 
 
-_MACHINE = []     # the process's Machine, once read
+_CONFIG = []      # the hmath_dl.config module, once imported (it imports this module)
 
 
 def machine() -> Machine:
     """The target description (read once per process; ``HMATH_DL_KERNELS=portable``
-    forces the portable kernels).  Facades ask on every call: after the first, one list
-    lookup (no import statement, no cache machinery)."""
-    if _MACHINE:
-        return _MACHINE[0]
-    from ..config import KERNELS
-    _MACHINE.append(_machine(KERNELS == "portable"))
-    return _MACHINE[0]
+    forces the portable kernels; the setting is looked up on every call, so tests can
+    change it).  Facades ask on every call: an attribute lookup and a cached call, no
+    import statement."""
+    if not _CONFIG:
+        from .. import config
+        _CONFIG.append(config)
+    return _machine(_CONFIG[0].KERNELS == "portable")
 
 
 def describe() -> str:
