@@ -563,6 +563,61 @@ def test_reduced_gemm_paths_same_errors(path):
     assert msgs[0] == msgs[1] and "[0, 0]" in msgs[0]
 
 
+@pytest.mark.parametrize("path", _RPATHS)
+def test_reduced_gemm_exact_fma_only_where_products_are_exact(path):
+    # BF16: rows 50..59 of a are zero but for terms 300..399 (~2**-75), which meet rows of
+    # b of ~2**-74: their products (~2**-149) are inexact in float32 and the outputs of
+    # those rows sums of them alone, so a fused multiply-add would change their bits
+    # (test_reduced_gemm_no_fused_multiply_add); every other (rows, K chunk) pair has
+    # exact products, so a kernel that proves exactness per task or per K chunk may use
+    # the fused kernel there.  K spans several chunks and the rows several tasks.  The
+    # result must be the specified one everywhere (against the portable kernel, the
+    # forced separate arithmetic and the oracle on the band's rows), for any thread count.
+    rng = np.random.default_rng(33)
+    m, k, n = 100, 700, 90
+    a = rng.standard_normal((m, k))
+    a[50:60] = 0.0
+    a[50:60, 300:400] = rng.standard_normal((10, 100)) * 2.0 ** -75
+    b = rng.standard_normal((k, n))
+    b[300:400] *= 2.0 ** -74
+    a = a.astype(np.float32).astype(np.float64)   # ml_dtypes rounds float32 once, correctly
+    b = b.astype(np.float32).astype(np.float64)
+    got = _reduced(path, BF16, a, b)
+    assert same_bits(got, _reduced("portable", BF16, a, b))
+    with _half_mod.forced_arithmetic("separate"):
+        assert same_bits(_reduced(path, BF16, a, b), got)
+    a16 = a.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    b16 = b.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    assert same_bits(got[48:53], ref.reduced_gemm_f32(a16[48:53], b16)[0])
+    import numba
+    threads = numba.get_num_threads()
+    try:                            # one thread: other tasks, the same bits
+        numba.set_num_threads(1)
+        with forced_schedule("parallel"):
+            assert same_bits(_reduced(path, BF16, a, b), got)
+    finally:
+        numba.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("path", _RPATHS)
+def test_reduced_gemm_late_bad_entry_of_a(path):
+    # a NaN, an infinity or an overflowing entry of a in a late K chunk of a late row
+    # block: every path names it as the portable path does
+    rng = np.random.default_rng(34)
+    a = rng.standard_normal((90, 700))
+    b = rng.standard_normal((700, 40))
+    for value, err in ((np.nan, NonFiniteError), (-np.inf, NonFiniteError),
+                       (1e6, NumericOverflow)):
+        x = a.copy()
+        x[87, 650] = value
+        msgs = []
+        for p_ in ("portable", path):
+            with pytest.raises(err) as info:
+                _reduced(p_, FP16, x, b)
+            msgs.append(str(info.value))
+        assert msgs[0] == msgs[1] and "(87, 650)" in msgs[0]
+
+
 def test_reduced_gemm_forced_path_errors():
     with pytest.raises(ValueError):
         with _half_mod.forced_gemm_path("nope"):
