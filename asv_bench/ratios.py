@@ -504,6 +504,17 @@ def per_call(fn, number):
     return min(timeit.repeat(fn, number=number, repeat=1)) / number
 
 
+def host_environment(env):
+    """``env`` for the host column: every library picks its kernels for this CPU itself.
+    An inherited ``OPENBLAS_CORETYPE`` is dropped (returned as the second value, for the
+    table's header): some machines set one for every process (seen: ``Haswell`` on an
+    AVX-512 host, where numpy's float64 1024^3 matmul then ran AVX2 kernels at about
+    half the rate of OpenBLAS's own choice), and a roofline on another CPU's kernels
+    would flatter every ratio against numpy."""
+    env = dict(env)
+    return env, env.pop("OPENBLAS_CORETYPE", None)
+
+
 def calibrate(fn, target=0.1):
     n = 1
     while True:
@@ -619,6 +630,7 @@ def main(argv=None):
     if args.asv is not None:
         return from_asv(args.asv or None)
     procs = None
+    dropped = None
     if args.isa != "host" and args.same_process:
         ap.error("--isa needs worker processes (the target is fixed when numba loads)")
     if not args.same_process:
@@ -628,6 +640,8 @@ def main(argv=None):
             from hmath_dl._kernels._cpu import target_environment
             env.update(target_environment("haswell"), OPENBLAS_CORETYPE="Haswell",
                        ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
+        else:
+            env, dropped = host_environment(env)
         procs = {role: subprocess.Popen([sys.executable, os.path.abspath(__file__),
                                          "--worker", role], env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -637,7 +651,8 @@ def main(argv=None):
           f"numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads), "
           f"numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}"
           f"{' (' + str(torch.get_num_threads()) + ' threads)' if torch else ''}; "
-          f"ISA {args.isa}; "
+          f"ISA {args.isa}"
+          f"{'; inherited OPENBLAS_CORETYPE=' + dropped + ' dropped' if dropped else ''}; "
           f"best of {args.repeat} interleaved repeats"
           f"{'; both sides in one process' if procs is None else '; each side in its own worker process'} -->")
     print()
