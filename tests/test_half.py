@@ -527,6 +527,16 @@ def test_reduced_gemm_paths_bit_equal(path, p):
             assert same_bits(_reduced(path, p, a, b), _reduced("portable", p, a, b))
 
 
+def _path_errors(err, path, p, a, b):
+    """The messages of the ``err`` that the portable path and ``path`` raise."""
+    msgs = []
+    for p_ in ("portable", path):
+        with pytest.raises(err) as info:
+            _reduced(p_, p, a, b)
+        msgs.append(str(info.value))
+    return msgs
+
+
 @pytest.mark.parametrize("path", _RPATHS)
 def test_reduced_gemm_paths_same_errors(path):
     rng = np.random.default_rng(32)
@@ -546,20 +556,12 @@ def test_reduced_gemm_paths_same_errors(path):
             x[bad_a[:2]] = bad_a[2]
         if bad_b:
             y[bad_b[:2]] = bad_b[2]
-        msgs = []
-        for p_ in ("portable", path):
-            with pytest.raises(err) as info:
-                _reduced(p_, FP16, x, y)
-            msgs.append(str(info.value))
+        msgs = _path_errors(err, path, FP16, x, y)
         assert msgs[0] == msgs[1]
     # an output overflow (products and accumulator in float32) names the same output
     x = np.full((4, 3), 2.0 ** 100)
     y = np.full((3, 5), 2.0 ** 27)
-    msgs = []
-    for p_ in ("portable", path):
-        with pytest.raises(NumericOverflow) as info:
-            _reduced(p_, BF16, x, y)
-        msgs.append(str(info.value))
+    msgs = _path_errors(NumericOverflow, path, BF16, x, y)
     assert msgs[0] == msgs[1] and "[0, 0]" in msgs[0]
 
 
@@ -610,11 +612,7 @@ def test_reduced_gemm_late_bad_entry_of_a(path):
                        (1e6, NumericOverflow)):
         x = a.copy()
         x[87, 650] = value
-        msgs = []
-        for p_ in ("portable", path):
-            with pytest.raises(err) as info:
-                _reduced(p_, FP16, x, b)
-            msgs.append(str(info.value))
+        msgs = _path_errors(err, path, FP16, x, b)
         assert msgs[0] == msgs[1] and "(87, 650)" in msgs[0]
 
 
