@@ -159,6 +159,43 @@ def test_same_bits_compiled_for_avx2_and_baseline():
     assert run(**target_environment("haswell")) == host
 
 
+def test_packing_compiles_one_specialisation_for_writable_and_read_only_operands():
+    # the packs only read their source: the GEMM hands them read-only views, so a
+    # writable and a read-only operand (the autodiff's tape values) share one compiled
+    # specialisation (in a fresh process: other tests call the packs directly)
+    code = textwrap.dedent("""
+        import numpy as np
+        from hmath_dl._kernels import gemm_f64 as G
+        rng = np.random.default_rng(0)
+        for M, K, N in [(7, 30, 33), (300, 300, 300)]:       # serial and parallel packs
+            a = rng.standard_normal((M, K))
+            b = rng.standard_normal((K, N))
+            ra, rb = a.copy(), b.copy()
+            ra.flags.writeable = rb.flags.writeable = False
+            want = G.matmul(a, b)
+            for x, y in ((ra, rb), (a, np.ascontiguousarray(b.T).T),
+                         (np.ascontiguousarray(ra.T).T, rb)):
+                assert G.matmul(x, y).tobytes() == want.tobytes()
+            for x in (a, ra):          # the transposed views of writable / read-only arrays
+                xt = np.ascontiguousarray(x.T)
+                xt.flags.writeable = x.flags.writeable
+                assert G.matmul(xt.T, b).tobytes() == want.tobytes()
+                assert G.matmul(a, np.ascontiguousarray(b.T).T).tobytes() == want.tobytes()
+        for k in (G._pack_a, G._pack_b, G._pack_at, G._pack_bt):
+            for disp in (k.parallel, k.twin):
+                for sig in disp.signatures:
+                    print(k.__name__, sig[0].mutable)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.split()
+    names = lines[0::2]
+    assert set(names) == {"_pack_a", "_pack_b", "_pack_at", "_pack_bt"}
+    assert set(lines[1::2]) == {"False"}, out.stdout      # every source typed read-only
+
+
 @pytest.mark.parametrize("K,N", [(1, 5), (64, 20011), (65, 37), (130, 7), (7, 1000)])
 def test_panel_packing_is_the_documented_layout(K, N):
     """_pack_b: b [K, N] -> [ceil(N/T), K, T] (zero columns past N); _pack_at: a [M, K]
