@@ -387,6 +387,31 @@ def test_layer_rms_ad_forward_and_gradients(seed, shape, data, has_w, has_b):
                            rtol=1e-5, atol=1e-7)
 
 
+def test_layer_rms_ad_affine_large_rows_parallel_and_serial():
+    # the recorded affine output (one pass, non-finite outputs counted in it) on shapes
+    # that take the parallel kernel: the plain layers' bits, serial and parallel alike,
+    # for every combination of weight and bias
+    from hmath_dl._kernels._jit import forced_schedule
+    for shape, axes in (((300, 129), 1), ((16, 64, 64), 1), ((4, 40, 33), 2)):
+        x = rnd(5, shape, 3.0)
+        tail = shape[len(shape) - axes:]
+        w, b = rnd(6, tail), rnd(7, tail)
+        for ww, bb in ((w, b), (w, None), (None, b)):
+            want = L.layer_norm(axes, 1e-5, x, weight=ww, bias=bb)
+            for sched in ("serial", "parallel"):
+                with forced_schedule(sched):
+                    got = L.layer_norm_ad(axes, 1e-5, ad.variable(x), weight=ww, bias=bb)
+                assert _bits_equal(got.value, want), (shape, ww is None, bb is None, sched)
+        want = L.rms_norm(axes, 1e-5, x, weight=w)
+        assert _bits_equal(L.rms_norm_ad(axes, 1e-5, ad.variable(x), weight=w).value, want)
+    # an output that overflows only in the affine step, deep in a parallel run of rows
+    x = rnd(8, (300, 129), 1.0)
+    w = np.ones(129)
+    w[77] = 1e308
+    raises(NumericOverflow, "layer_norm_ad", L.layer_norm_ad, 1, 1e-5, ad.variable(x),
+           weight=w, bias=np.full(129, 1e308))
+
+
 @SET
 @given(seed=seeds, shp=shapes_nc, g=st.integers(1, 2), has_w=st.booleans(), has_b=st.booleans())
 def test_group_instance_ad(seed, shp, g, has_w, has_b):

@@ -28,7 +28,7 @@ import numpy as np
 
 from ._jit import span_kernel
 from .views import readonly
-from .gemm_f64 import _CB, _pack_b, _read_only, _workspace, pack_a, run_tiled, tile_width
+from .gemm_f64 import _CB, _pack_b, _workspace, pack_a, run_tiled, tile_width
 from .conv_wgrad import _offsets
 
 _MAX_POSITIONS = 49      # output planes up to this many positions (7x7) take this path
@@ -259,7 +259,7 @@ def input_gradient(g, w, groups, geo, dx):
         rows = slice(gi * cog, (gi + 1) * cog)
         bpk = _workspace("b", -(-J // T) * cog * T)
         # b = gt's group rows [cog, J], packed as gemm_f64.gemm packs a C-contiguous b
-        _pack_b.when_small(cog * J < (1 << 16))(_read_only(gt[rows]), bpk, cog, T)
+        _pack_b.when_small(cog * J < (1 << 16))(readonly(gt[rows]), bpk, cog, T)
         apk = pack_a(w2[rows].T, R * J * cog < (1 << 21))
         run_tiled(apk, bpk, 0, dcols[gi * R:(gi + 1) * R].reshape(-1), 0, J, R, J, cog, T, 1,
                   None, 0, False)

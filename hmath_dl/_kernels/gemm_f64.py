@@ -31,6 +31,7 @@ from numba import prange
 from ._cpu import machine
 from ._jit import helper, inlined, kernel, runs_serial, span_kernel
 from ._simd import _ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block
+from .views import readonly
 
 _CB = 6                     # rows of a per register block
 _KC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b (KC x T) fits L1
@@ -390,27 +391,18 @@ def tile_width(N):
     return min(_T, -(-N // _VW) * _VW)
 
 
-def _read_only(a):
-    """A read-only view of ``a`` (no copy).  The packing kernels only read their source:
-    with every source read-only, Numba compiles one specialisation of each instead of
-    one for writable and one for read-only arrays (the autodiff's tape values are
-    read-only, a user's arrays usually not; the cold flagship example compiled both,
-    ~1.1 s)."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
 def pack_a(a, packs=False):
     """``a [M, K]`` (C-contiguous, or the transpose of a C-contiguous array) packed for
     :func:`gemm_tiled` into a reused workspace; ``packs`` True: serially."""
     M, K = a.shape
     apk = _workspace("a", -(-M // _CB) * K * _CB)
     at = a.T if (not a.flags.c_contiguous and a.T.flags.c_contiguous) else None
+    # sources typed read-only (views): one compiled specialisation for a user's writable
+    # operands and the autodiff's read-only tape values
     if at is not None:
-        _pack_at.when_small(packs)(_read_only(at), apk, K)
+        _pack_at.when_small(packs)(readonly(at), apk, K)
     else:
-        _pack_a.when_small(packs)(_read_only(np.ascontiguousarray(a)), apk, K)
+        _pack_a.when_small(packs)(readonly(np.ascontiguousarray(a)), apk, K)
     return apk
 
 
@@ -482,9 +474,9 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
     # b given as the transpose of a C-contiguous array (w.T in dense, cols.T in the
     # convolution gradient): pack from that array's rows instead of copying b first
     if not b.flags.c_contiguous and b.T.flags.c_contiguous:
-        _pack_bt.when_small(packs)(_read_only(b.T), bpk, K, T)
+        _pack_bt.when_small(packs)(readonly(b.T), bpk, K, T)
     else:
-        _pack_b.when_small(packs)(_read_only(np.ascontiguousarray(b)), bpk, K, T)
+        _pack_b.when_small(packs)(readonly(np.ascontiguousarray(b)), bpk, K, T)
     c = out if out.flags.c_contiguous else np.empty((M, N))
     bad = run_tiled(apk, bpk, 0, c.reshape(-1), 0, N, M, N, K, T, 1, bias,
                     0 if bias_axis == 0 else 1, count)

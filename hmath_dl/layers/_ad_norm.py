@@ -6,6 +6,8 @@ import numpy as np
 
 from ..autodiff.core import make_node, vjp_of
 from .. import _checks
+from .._kernels.norm_affine import affine_rows
+from .._kernels.views import readonly
 from ._ad_common import _ad, _c, _named, _opt_ad, differentiable
 
 
@@ -53,6 +55,21 @@ def _vjp_norm_affine(g, node, needs):
     return gx, dw, db
 
 
+def _affine_rows(value, weight, bias, n):
+    """``(value * weight) + bias`` over rows of ``n`` (``weight``/``bias`` ADTensors of the
+    row's shape, or None; not both) by :func:`.._kernels.norm_affine.affine_rows`, or
+    None when an output is not finite."""
+    xf = readonly(_c(value).reshape(-1))
+    out = np.empty(value.shape)
+    if xf.size == 0:
+        return out
+    wf = xf if weight is None else readonly(_c(weight.value).reshape(-1))
+    bf = xf if bias is None else readonly(_c(bias.value).reshape(-1))
+    mode = (weight is not None) + 2 * (bias is not None)
+    bad = affine_rows.sized(xf.size)(xf, wf, bf, out.reshape(-1), xf.size // n, n, mode)
+    return None if bad else out
+
+
 def _normalized(fname, op, plain, x, weight, bias, layout):
     """The norms' common path: the node ``xhat`` (op ``op``, parent ``x``; ctx and affine
     layout ``layout(x value)``) and, with a weight or a bias, the affine node after it.
@@ -73,11 +90,17 @@ def _normalized(fname, op, plain, x, weight, bias, layout):
         # raise its own error
         pshape = tuple(bshape) if per_elem else (layout[1],)   # the plain layer's shape
         if all(t is None or t.shape == pshape for t in (weight, bias)):
-            with np.errstate(over="ignore", invalid="ignore"):   # checked just below
-                y = value if weight is None else value * weight.value.reshape(bshape)
-                if bias is not None:
-                    y = y + bias.value.reshape(bshape)
-        if y is None or not _checks.is_finite(y):
+            if per_elem:
+                # one pass, the non-finite outputs counted in it (the same two roundings)
+                y = _affine_rows(value, weight, bias, layout)
+            else:
+                with np.errstate(over="ignore", invalid="ignore"):   # checked just below
+                    y = value if weight is None else value * weight.value.reshape(bshape)
+                    if bias is not None:
+                        y = y + bias.value.reshape(bshape)
+                if not _checks.is_finite(y):
+                    y = None
+        if y is None:
             with _named(fname):     # raises its error (or, if it does not, is the result)
                 y = plain(x.value, *(None if t is None else t.value for t in (weight, bias)))
     return _affine_node(make_node(op, value, (x,), ctx), y, weight, bias, per_elem, layout,
