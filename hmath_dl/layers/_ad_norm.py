@@ -57,8 +57,8 @@ def _vjp_norm_affine(g, node, needs):
 
 def _affine_rows(value, weight, bias, n):
     """``(value * weight) + bias`` over rows of ``n`` (``weight``, ``bias``: ADTensors of
-    the row's shape or None, at least one given; a missing one is left out, not taken as
-    1 or 0, which would turn -0.0 into +0.0) by :func:`.._kernels.norm_affine.affine_rows`,
+    the row's shape or None, at least one given; a missing bias is left out, not added as
+    0.0, which would turn -0.0 into +0.0) by :func:`.._kernels.norm_affine.affine_rows`,
     or None when an output is not finite."""
     xf = readonly(_c(value).reshape(-1))
     out = np.empty(value.shape)
