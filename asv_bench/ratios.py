@@ -164,6 +164,31 @@ def _dequantize_pair():
     return (lambda: P.dequantize(q)), "numpy float16 -> float64", (lambda: half.astype(np.float64))
 
 
+# Issue 17: every activation on 16M float64 elements against torch's (same thread count);
+# ours checks every input and output, torch's checks nothing.
+N_ACTIVATE = (4096, 4096)   # bench_activations.BIG
+_TORCH_ACT = {"RELU": "relu", "GELU": "gelu", "SILU": "silu", "SIGMOID": "sigmoid",
+              "TANH": "tanh", "SOFTPLUS": "softplus", "ELU": "elu"}
+
+
+def _activation_pair(name):
+    from hmath_dl.activations import Activation, activate
+    x = rnd(N_ACTIVATE, 3)
+    act = Activation[name]
+    ours = (lambda: activate(act, x))
+    if torch is None:
+        return ours, None, None
+    t = tt(x)
+    if name == "GELU_TANH":
+        return ours, "torch", (lambda: torch.nn.functional.gelu(t, approximate="tanh"))
+    fn = getattr(torch.nn.functional, _TORCH_ACT[name])
+    return ours, "torch", (lambda: fn(t))
+
+
+for _act in ("RELU", "GELU", "GELU_TANH", "SILU", "SIGMOID", "TANH", "SOFTPLUS", "ELU"):
+    pair(f"activate {_act}", "4096 x 4096")(lambda name=_act: _activation_pair(name))
+
+
 @pair("dense vs torch linear", "x 512 x 1024, w 1024 x 1024")
 def _dense_torch():
     x, w, b = rnd((512, 1024), 5), rnd((1024, 1024), 6), rnd((1024,), 7)
