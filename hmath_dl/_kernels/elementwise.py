@@ -503,23 +503,14 @@ def _pd_softplus(p, v):
 # compiled function, not a loop nested in the span's: with 16 vector registers (AVX2)
 # LLVM kept fewer of the polynomial constants in registers in the nested form (GELU 5.6
 # vs 4.9 ns per element and thread).
-def _fwd_chunk_template(xs, os):
+def _chunk_template(xs, os):
+    """os = _F(xs) (the forward or the derivative); the non-finite inputs counted."""
     _wide()
     nb = 0
     for i in range(xs.shape[0]):
         v = xs[i]
         nb += not (abs(v) < _INF)
         os[i] = _F(v)
-    return nb
-
-
-def _der_chunk_template(xs, os):
-    _wide()
-    nb = 0
-    for i in range(xs.shape[0]):
-        v = xs[i]
-        nb += not (abs(v) < _INF)
-        os[i] = _D(v)
     return nb
 
 
@@ -539,7 +530,7 @@ def _fwd_der_chunk_template(xs, os, ds):
 # chunk is evaluated by them, the elements beyond the bound (or not finite) counted in the
 # same loop, and a chunk that has any is evaluated again by the plain chunk helper
 # ``_PLAIN`` (which also counts, the same count).
-def _fwd_fast_chunk_template(xs, os):
+def _fast_chunk_template(xs, os):
     _wide()
     nb = 0
     ns = 0
@@ -549,19 +540,6 @@ def _fwd_fast_chunk_template(xs, os):
         nb += not (a < _INF)
         ns += not (a <= _BOUND)
         os[i] = _FF(v)
-    return _PLAIN(xs, os) if ns != 0 else nb
-
-
-def _der_fast_chunk_template(xs, os):
-    _wide()
-    nb = 0
-    ns = 0
-    for i in range(xs.shape[0]):
-        v = xs[i]
-        a = abs(v)
-        nb += not (a < _INF)
-        ns += not (a <= _BOUND)
-        os[i] = _DF(v)
     return _PLAIN(xs, os) if ns != 0 else nb
 
 
@@ -768,23 +746,23 @@ for _code, _name in _NAMES.items():
         _ff = globals()["_ff_" + _name]
         _df = globals()["_df_" + _name]
         _bf, _bd = _FAST_BOUNDS[_name]
-        _fwd_plain = helper(_clone(_fwd_chunk_template, "_fwd_chunk_" + _name, _F=_f))
-        _der_plain = helper(_clone(_der_chunk_template, "_der_chunk_" + _name, _D=_d))
+        _fwd_plain = helper(_clone(_chunk_template, "_fwd_chunk_" + _name, _F=_f))
+        _der_plain = helper(_clone(_chunk_template, "_der_chunk_" + _name, _F=_d))
         _fd_plain = helper(_clone(_fwd_der_chunk_template, "_fwd_der_chunk_" + _name,
                                   _FD=_fd))
         _entries(_code, _name,
-                 helper(_clone(_fwd_fast_chunk_template, "_fwd_fast_chunk_" + _name,
+                 helper(_clone(_fast_chunk_template, "_fwd_fast_chunk_" + _name,
                                _FF=_ff, _PLAIN=_fwd_plain, _BOUND=_bf)),
-                 helper(_clone(_der_fast_chunk_template, "_der_fast_chunk_" + _name,
-                               _DF=_df, _PLAIN=_der_plain, _BOUND=_bd)),
+                 helper(_clone(_fast_chunk_template, "_der_fast_chunk_" + _name,
+                               _FF=_df, _PLAIN=_der_plain, _BOUND=_bd)),
                  helper(_clone(_fwd_der_fast_chunk_template, "_fwd_der_fast_chunk_" + _name,
                                _FDF=_pair("_fdf_" + _name, _ff, _df), _PLAIN=_fd_plain,
                                _BOUND=min(_bf, _bd))))
     else:
         _fdd = _fd if _fwd_f is _f else _pair("_fdf_" + _name, _fwd_f, _d)
         _entries(_code, _name,
-                 helper(_clone(_fwd_chunk_template, "_fwd_chunk_" + _name, _F=_fwd_f)),
-                 helper(_clone(_der_chunk_template, "_der_chunk_" + _name, _D=_d)),
+                 helper(_clone(_chunk_template, "_fwd_chunk_" + _name, _F=_fwd_f)),
+                 helper(_clone(_chunk_template, "_der_chunk_" + _name, _F=_d)),
                  helper(_clone(_fwd_der_chunk_template, "_fwd_der_chunk_" + _name,
                                _FD=_fdd)))
 

@@ -253,14 +253,14 @@ def _dd_div(ah, al, bh, bl):
 # operations deep.  The rounding errors of either are a few ulps of the polynomial,
 # scaled by r^2 or r^3 (<= 0.12) in the result.
 @_inl
-def _em_poly(r, r2):
-    """E(r) = sum _EM<i> r^i, i = 0..11 (Estrin; r2 = r * r)."""
-    p0 = _EM0 + _EM1 * r
-    p1 = _EM2 + _EM3 * r
-    p2 = _EM4 + _EM5 * r
-    p3 = _EM6 + _EM7 * r
-    p4 = _EM8 + _EM9 * r
-    p5 = _EM10 + _EM11 * r
+def _estrin11(r, r2, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11):
+    """sum c<i> r^i, i = 0..11, by Estrin's scheme (r2 = r * r)."""
+    p0 = c0 + c1 * r
+    p1 = c2 + c3 * r
+    p2 = c4 + c5 * r
+    p3 = c6 + c7 * r
+    p4 = c8 + c9 * r
+    p5 = c10 + c11 * r
     r4 = r2 * r2
     q0 = p0 + p1 * r2
     q1 = p2 + p3 * r2
@@ -269,20 +269,17 @@ def _em_poly(r, r2):
 
 
 @_inl
+def _em_poly(r, r2):
+    """E(r) = sum _EM<i> r^i, i = 0..11 (r2 = r * r)."""
+    return _estrin11(r, r2, _EM0, _EM1, _EM2, _EM3, _EM4, _EM5, _EM6, _EM7, _EM8, _EM9,
+                     _EM10, _EM11)
+
+
+@_inl
 def _f_poly(r):
-    """F(r) = sum _F<i> r^i, i = 0..11 (Estrin)."""
-    r2 = r * r
-    p0 = _F0 + _F1 * r
-    p1 = _F2 + _F3 * r
-    p2 = _F4 + _F5 * r
-    p3 = _F6 + _F7 * r
-    p4 = _F8 + _F9 * r
-    p5 = _F10 + _F11 * r
-    r4 = r2 * r2
-    q0 = p0 + p1 * r2
-    q1 = p2 + p3 * r2
-    q2 = p4 + p5 * r2
-    return (q0 + q1 * r4) + q2 * (r4 * r4)
+    """F(r) = sum _F<i> r^i, i = 0..11."""
+    return _estrin11(r, r * r, _F0, _F1, _F2, _F3, _F4, _F5, _F6, _F7, _F8, _F9, _F10,
+                     _F11)
 
 
 @_inl
