@@ -642,6 +642,35 @@ def test_every_pattern_decodes_the_same_from_uint16_and_in_parallel():
             assert f"({bad},)" in msg
 
 
+@pytest.mark.parametrize("schedule", ["serial", "parallel"])
+def test_decode_paths_agree_on_every_pattern(monkeypatch, schedule):
+    # bits_to_float converts BF16 by a shift and FP16 by the hardware conversion where the
+    # machine policy has it (F16C); under HMATH_DL_KERNELS=portable both run the lookup
+    # table (the exact decode of every pattern, checked against numpy, ml_dtypes and
+    # Fraction above): the same bytes and the same first NaN/inf index, for uint16 and
+    # int64 input, with a special pattern late in a later chunk
+    from hmath_dl import config as hconfig
+    from hmath_dl._kernels._cpu import machine
+    pats = np.tile(np.arange(65536, dtype=np.int64), 2)
+    for p, mbits in ((FP16, 10), (BF16, 7)):
+        expo = ((1 << (15 - mbits)) - 1) << mbits
+        finite = pats[(pats & expo) != expo]
+        late = finite.copy()
+        late[-5] = expo | 3
+        results = {}
+        for kernels in ("", "portable"):
+            monkeypatch.setattr(hconfig, "KERNELS", kernels)
+            assert machine().portable is bool(kernels)
+            with forced_schedule(schedule):
+                got = [bits_to_float(p, form).tobytes() for form in (finite, finite.astype(np.uint16))]
+                msgs = [raises(NonFiniteError, "bits_to_float", bits_to_float, p, form)
+                        for form in (late, late.astype(np.uint16))]
+            assert got[0] == got[1]
+            assert all(f"({late.size - 5},)" in m for m in msgs)
+            results[kernels] = (got[0], msgs)
+        assert results[""] == results["portable"]
+
+
 def _spread(n, seed):
     rng = np.random.default_rng(seed)
     return rng.standard_normal(n) * np.exp2(rng.uniform(-30, 14, n))

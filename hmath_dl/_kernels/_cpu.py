@@ -99,6 +99,14 @@ class Machine:
         return self.avx512 and self.has("avx512bf16")
 
     @property
+    def f16c(self) -> bool:
+        """FP16 -> float conversions in hardware are used (x86 F16C; aarch64 has them).
+        Elsewhere LLVM lowers them to a runtime helper call that Numba does not link."""
+        if self.portable:
+            return False
+        return self.has("f16c") if self.arch == "x86_64" else self.arch == "aarch64"
+
+    @property
     def tiled(self) -> bool:
         """Whether register-tiled float64 micro-kernels run (elsewhere the generic kernels,
         same bits)."""

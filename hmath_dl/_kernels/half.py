@@ -8,8 +8,11 @@ Rounding works on ``float64.view(uint64)`` with ONE round-half-to-even straight 
 overflow (a finite input rounding to +-inf) and NaN/inf patterns are reported as the
 smallest offending flat index (``-1`` when there is none).  Every entry is independent,
 so nothing depends on the thread count; the memory-bound whole-array kernels
-(:func:`round_bits_chunks`, :func:`round_values_chunks`, :func:`decode_chunks`) split
-large arrays into chunks over the threads (a small call runs the serial twin).
+(:func:`round_bits_chunks`, :func:`round_values_chunks`, :func:`decode_chunks`,
+:func:`convert_bf16_chunks`, :func:`convert_fp16_chunks`) split large arrays into chunks
+over the threads (a small call runs the serial twin).  Decoding converts where that is
+exact and the target can (BF16 everywhere, FP16 with F16C: the machine policy decides)
+and looks every pattern up in a table elsewhere: the same values either way.
 """
 
 import numpy as np
@@ -402,21 +405,127 @@ def decode_chunks(bits, out, table, mbits):
 
     A lookup per entry runs at the same speed on every target (on AVX2 a 64-bit-lane
     decode took 1.7x as long: 68 against 40 us for 2**17 entries on one core), and it
-    is exactly the decode: the table is its output for all 65536 patterns."""
+    is exactly the decode: the table is its output for all 65536 patterns.  Where the
+    target converts in hardware, :func:`convert_bf16_chunks` / :func:`convert_fp16_chunks`
+    give the same values faster."""
     n = bits.shape[0]
-    exp_mask = np.int64(((1 << (15 - mbits)) - 1) << mbits)
     nch = (n + CHUNK - 1) // CHUNK
     flags = np.zeros(nch, dtype=np.int64)
     for c in prange(nch):
         i0 = c * CHUNK
         i1 = min(n, i0 + CHUNK)
         flags[c] = _lookup_run(bits[i0:i1], out[i0:i1], table)
-    for c in range(nch):
+    return _first_special(bits, flags, mbits)
+
+
+@helper
+def _first_special(bits, flags, mbits):
+    """The first flat index of a NaN/inf pattern (exponent field all ones) in the chunks
+    whose ``flags`` are non-zero, or NO_INDEX."""
+    exp_mask = np.int64(((1 << (15 - mbits)) - 1) << mbits)
+    n = bits.shape[0]
+    for c in range(flags.shape[0]):
         if flags[c] != 0:
             for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
                 if (np.int64(bits[i]) & exp_mask) == exp_mask:
                     return np.int64(i)
     return np.int64(NO_INDEX)
+
+
+# --------------------------------------------------------------------------- conversions
+# A BF16 pattern is the top half of the float32 of the same value, and float32 -> float64
+# is exact (subnormals included: nothing here sets DAZ/FTZ), so ``pattern << 16`` read as
+# a float32 and widened is the value -- plain integer and float LLVM operations, valid on
+# every target.  An FP16 pattern widened by ``fpext half`` is exact too; on x86 that is
+# F16C's vcvtph2ps (the machine policy says whether the target has it; elsewhere LLVM
+# would call a runtime helper that Numba does not link, so the lookup runs).  Both give
+# the decode's values bit for bit (every value is exact; -0.0 stays -0.0); NaN/inf
+# patterns are counted from their exponent field, and their entries (whatever the
+# conversion wrote) are reported by the facade.
+def _int_to(builder, v, width):
+    t = ir.IntType(width)
+    if v.type.width < width:
+        return builder.zext(v, t)
+    return builder.trunc(v, t) if v.type.width > width else v
+
+
+@intrinsic
+def _bf16_value(typingctx, b):
+    """The float64 value of the BF16 pattern ``b`` (an integer in [0, 65535])."""
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        w = builder.shl(_int_to(builder, args[0], 32), ir.Constant(ir.IntType(32), 16))
+        return builder.fpext(builder.bitcast(w, ir.FloatType()), ir.DoubleType())
+    return types.float64(b), codegen
+
+
+@intrinsic
+def _fp16_value(typingctx, b):
+    """The float64 value of the FP16 pattern ``b`` (an integer in [0, 65535]); only where
+    the target converts half precision in hardware (:attr:`._cpu.Machine.f16c`)."""
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        h = builder.bitcast(_int_to(builder, args[0], 16), ir.HalfType())
+        return builder.fpext(h, ir.DoubleType())
+    return types.float64(b), codegen
+
+
+@helper
+def _bf16_run(bits, out):
+    """``out[i]`` = the BF16 pattern ``bits[i]``'s value; returns the number of NaN/inf
+    patterns (exponent field 0x7F80)."""
+    bad = np.int64(0)
+    _wide()
+    for i in range(np.uint64(bits.shape[0])):
+        b = bits[i]
+        bad += np.int64((np.int64(b) & 0x7F80) == 0x7F80)
+        out[i] = _bf16_value(b)
+    return bad
+
+
+@helper
+def _fp16_run(bits, out):
+    """``out[i]`` = the FP16 pattern ``bits[i]``'s value; returns the number of NaN/inf
+    patterns (exponent field 0x7C00)."""
+    bad = np.int64(0)
+    _wide()
+    for i in range(np.uint64(bits.shape[0])):
+        b = bits[i]
+        bad += np.int64((np.int64(b) & 0x7C00) == 0x7C00)
+        out[i] = _fp16_value(b)
+    return bad
+
+
+@kernel
+def convert_bf16_chunks(bits, out):
+    """:func:`decode_chunks` for BF16 (``mbits`` 7) by conversion, without a table: the
+    same values, the same report (first NaN/inf index or NO_INDEX)."""
+    n = bits.shape[0]
+    nch = (n + CHUNK - 1) // CHUNK
+    flags = np.zeros(nch, dtype=np.int64)
+    for c in prange(nch):
+        i0 = c * CHUNK
+        i1 = min(n, i0 + CHUNK)
+        flags[c] = _bf16_run(bits[i0:i1], out[i0:i1])
+    return _first_special(bits, flags, 7)
+
+
+@kernel
+def convert_fp16_chunks(bits, out):
+    """:func:`decode_chunks` for FP16 (``mbits`` 10) by hardware conversion
+    (:attr:`._cpu.Machine.f16c` targets only): the same values, the same report."""
+    n = bits.shape[0]
+    nch = (n + CHUNK - 1) // CHUNK
+    flags = np.zeros(nch, dtype=np.int64)
+    for c in prange(nch):
+        i0 = c * CHUNK
+        i1 = min(n, i0 + CHUNK)
+        flags[c] = _fp16_run(bits[i0:i1], out[i0:i1])
+    return _first_special(bits, flags, 10)
 
 
 def decode_table(mbits, bias):

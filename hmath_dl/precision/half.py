@@ -96,8 +96,15 @@ def _decode(fname: str, name: str, precision: Precision, bits: np.ndarray) -> np
     out = _checks.alloc(fname, bits.shape, np.float64)
     if bits.size == 0:
         return out
-    bad = int(_whole(_khalf.decode_chunks, bits.size)(bits.reshape(-1), out.reshape(-1),
-                                                      _decode_table(precision), mbits))
+    flat, oflat = bits.reshape(-1), out.reshape(-1)
+    m = _machine()
+    if mbits == 7 and not m.portable:   # BF16: a shift and an exact widening
+        bad = int(_whole(_khalf.convert_bf16_chunks, bits.size)(flat, oflat))
+    elif mbits == 10 and m.f16c:        # FP16: the hardware's exact conversion
+        bad = int(_whole(_khalf.convert_fp16_chunks, bits.size)(flat, oflat))
+    else:   # the table of every pattern's value (HMATH_DL_KERNELS=portable, or no F16C)
+        bad = int(_whole(_khalf.decode_chunks, bits.size)(flat, oflat,
+                                                          _decode_table(precision), mbits))
     # the kernel locates the first NaN/inf pattern itself: a NONFINITE_INPUT at that index
     return _checks.finish(fname, (OK, None) if bad == NO_INDEX else (NONFINITE_INPUT, bad),
                           out=out, nonfinite=lambda i: _bad_pattern(name, precision, bits, i))
