@@ -181,25 +181,33 @@ def test_gelu_grid_accuracy():
            cond=_condition("GELU", x) * (1 + np.abs(x)))
 
 
+@pytest.mark.parametrize("schedule", ["serial", "parallel"])
 @pytest.mark.parametrize("act", ALL)
-def test_fast_and_plain_chunks_give_the_same_bits(act):
-    """A chunk (4096 elements) with one element beyond the fast forms' bound (or a NaN)
-    runs the plain forms; its other elements must come out bit for bit as when the whole
-    chunk runs the fast forms -- forward, derivative and both in one pass."""
+def test_fast_and_plain_chunks_give_the_same_bits(act, schedule):
+    """A chunk (4096 elements; a serial call: the whole array) with one element beyond
+    the fast forms' bound (or a NaN) runs the plain forms; its other elements must come
+    out bit for bit as when the whole chunk runs the fast forms -- forward, derivative and
+    both in one pass."""
     from hmath_dl._kernels import elementwise as E
+    # the parallel kernels split the array into chunks; the serial entries run one span
+    # over the whole array
+    serial = schedule == "serial"
+    fwds = ((E.activation_forward_serial, E.activation_derivative_serial) if serial
+            else (E.activation_forward, E.activation_derivative))
+    both = E.activation_forward_derivative_serial if serial else E.activation_forward_derivative
     g = np.random.default_rng(17)
     x = np.concatenate([g.standard_normal(6000) * 4, g.uniform(-30, 30, 6288)])
     for big in (700.0, -650.0, 25.0, np.nan):
         y = x.copy()
-        y[5000] = big               # chunk 1 takes the plain path
+        y[5000] = big               # chunk 1 (or the whole serial call) takes the plain path
         keep = np.arange(x.size) != 5000
-        for fwd in (E.activation_forward, E.activation_derivative):
+        for fwd in fwds:
             a, b = np.empty_like(x), np.empty_like(x)
             fwd(act.value, x, a)
             fwd(act.value, y, b)
             assert np.array_equal(a[keep].view(np.int64), b[keep].view(np.int64))
         a, da, b, db = (np.empty_like(x) for _ in range(4))
-        E.activation_forward_derivative(act.value, x, a, da)
-        E.activation_forward_derivative(act.value, y, b, db)
+        both(act.value, x, a, da)
+        both(act.value, y, b, db)
         assert np.array_equal(a[keep].view(np.int64), b[keep].view(np.int64))
         assert np.array_equal(da[keep].view(np.int64), db[keep].view(np.int64))

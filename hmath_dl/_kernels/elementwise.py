@@ -45,7 +45,8 @@ program compiles only the activations it uses.  Per chunk of 4096 elements one l
 counts the non-finite inputs and evaluates ``f`` (one read, one write); SIGMOID, SILU,
 GELU_TANH and SOFTPLUS evaluate libm's ``*_fast_inline`` forms (FMA for exact product
 errors, bit for bit the plain results within their ``|x|`` bound) in that loop, count the
-elements beyond the bound, and evaluate a chunk that has any again with the plain forms;
+elements beyond the bound, and evaluate a chunk (in a serial call, the whole array) that
+has any again with the plain forms;
 TANH and ELU use the fast forms everywhere.  Without FMA on the target
 the fast forms are the plain ones.
 
@@ -494,17 +495,18 @@ def _pd_softplus(p, v):
 # element once: the finiteness count (an integer reduction, which vectorises) and f are
 # computed in the same loop.  Chunks of ``_CHUNK`` elements in parallel; every element is
 # independent, so the results do not depend on the thread count or the chunking.
-# Each activation's loop is a serial helper over one chunk (a flat loop: the finiteness
-# count and f); a span helper runs it chunk by chunk (so that a chunk stays in L1/L2 and
-# the fast/plain choice is made per chunk): the serial entries call the span helper
-# directly from Python, and the parallel kernel is a thin ``prange`` over the chunks that
-# calls the same helper on each chunk, so the loop is compiled once (not again inside a
-# parallel twin and a serial twin).  Both give the same bits.  The chunk loop is its own
-# compiled function, not a loop nested in the span's: with 16 vector registers (AVX2)
-# LLVM kept fewer of the polynomial constants in registers in the nested form (GELU 5.6
-# vs 4.9 ns per element and thread).
-def _chunk_template(xs, os):
-    """os = _F(xs) (the forward or the derivative); the non-finite inputs counted."""
+# Each activation's loop is a serial helper over a span of elements, one flat loop (the
+# finiteness count and f): the serial entries call it on the whole array from Python, and
+# the parallel kernel is a thin ``prange`` over chunks that calls the same helper on each
+# chunk, so the loop is compiled once (not again inside a parallel twin and a serial
+# twin).  Both give the same bits.  A flat loop, not chunks of the span nested in a loop
+# over them: with 16 vector registers (AVX2) LLVM kept fewer of the polynomial constants
+# in registers in the nested form (GELU 5.6 vs 4.9 ns per element and thread); and the
+# loop is not a separate compiled helper either, which Numba would compile again inside
+# every caller (a cold first use of three activations took 13 s with the nested loops,
+# 21 s with a chunk helper under the span).
+def _span_template(xs, os):
+    """os = _F(xs) (the forward or the derivative); returns the non-finite inputs."""
     _wide()
     nb = 0
     for i in range(xs.shape[0]):
@@ -514,7 +516,7 @@ def _chunk_template(xs, os):
     return nb
 
 
-def _fwd_der_chunk_template(xs, os, ds):
+def _fwd_der_span_template(xs, os, ds):
     _wide()
     nb = 0
     for i in range(xs.shape[0]):
@@ -526,22 +528,29 @@ def _fwd_der_chunk_template(xs, os, ds):
     return nb
 
 
-# The fast forms (libm's ``*_fast_inline``) give the plain bits for |x| <= _BOUND: every
-# chunk is evaluated by them, the elements beyond the bound (NaN and inf among them)
-# counted in the same loop, and a chunk that has any is evaluated again by the plain
-# chunk helper ``_PLAIN``, which counts the non-finite inputs (a chunk without any has
-# none: every |x| <= _BOUND).
-def _fast_chunk_template(xs, os):
+# The fast forms (libm's ``*_fast_inline``) give the plain bits for |x| <= _BOUND: the
+# span is evaluated by them, the elements beyond the bound (NaN and inf among them)
+# counted in the same loop, and a span that has any is evaluated again by the plain forms,
+# counting the non-finite inputs (a span without any has none: every |x| <= _BOUND).  The
+# parallel kernel's spans are its chunks, so the plain forms rerun only chunks that need
+# them; a serial call (a small array) reruns the whole array.
+def _fast_span_template(xs, os):
     _wide()
     ns = 0
     for i in range(xs.shape[0]):
         v = xs[i]
         ns += not (abs(v) <= _BOUND)
         os[i] = _FF(v)
-    return _PLAIN(xs, os) if ns != 0 else 0
+    nb = 0
+    if ns != 0:
+        for i in range(xs.shape[0]):
+            v = xs[i]
+            nb += not (abs(v) < _INF)
+            os[i] = _F(v)
+    return nb
 
 
-def _fwd_der_fast_chunk_template(xs, os, ds):
+def _fwd_der_fast_span_template(xs, os, ds):
     _wide()
     ns = 0
     for i in range(xs.shape[0]):
@@ -550,24 +559,14 @@ def _fwd_der_fast_chunk_template(xs, os, ds):
         f, d = _FDF(v)
         os[i] = f
         ds[i] = d
-    return _PLAIN(xs, os, ds) if ns != 0 else 0
-
-
-def _span2_template(x_flat, out_flat):
-    n = x_flat.shape[0]
     nb = 0
-    for lo in range(0, n, _CHUNK):
-        hi = min(lo + _CHUNK, n)
-        nb += _CH(x_flat[lo:hi], out_flat[lo:hi])
-    return nb
-
-
-def _span3_template(x_flat, out_flat, d_flat):
-    n = x_flat.shape[0]
-    nb = 0
-    for lo in range(0, n, _CHUNK):
-        hi = min(lo + _CHUNK, n)
-        nb += _CH(x_flat[lo:hi], out_flat[lo:hi], d_flat[lo:hi])
+    if ns != 0:
+        for i in range(xs.shape[0]):
+            v = xs[i]
+            nb += not (abs(v) < _INF)
+            f, d = _FD(v)
+            os[i] = f
+            ds[i] = d
     return nb
 
 
@@ -715,12 +714,8 @@ _SPAN_DER = {}
 _SPAN_FWD_DER = {}
 
 
-def _entries(code, name, fwd_chunk, der_chunk, fd_chunk):
-    """Register the span helpers of an activation's three chunk helpers and their thin
-    parallel kernels."""
-    fwd = helper(_clone(_span2_template, "_fwd_span_" + name, _CH=fwd_chunk))
-    der = helper(_clone(_span2_template, "_der_span_" + name, _CH=der_chunk))
-    fd = helper(_clone(_span3_template, "_fwd_der_span_" + name, _CH=fd_chunk))
+def _entries(code, name, fwd, der, fd):
+    """Register the three span helpers of an activation and their thin parallel kernels."""
     _SPAN_FWD[code] = fwd
     _SPAN_DER[code] = der
     _SPAN_FWD_DER[code] = fd
@@ -741,24 +736,20 @@ for _code, _name in _NAMES.items():
         _ff = globals()["_ff_" + _name]
         _df = globals()["_df_" + _name]
         _bf, _bd = _FAST_BOUNDS[_name]
-        _fwd_plain = helper(_clone(_chunk_template, "_fwd_chunk_" + _name, _F=_f))
-        _der_plain = helper(_clone(_chunk_template, "_der_chunk_" + _name, _F=_d))
-        _fd_plain = helper(_clone(_fwd_der_chunk_template, "_fwd_der_chunk_" + _name,
-                                  _FD=_fd))
         _entries(_code, _name,
-                 helper(_clone(_fast_chunk_template, "_fwd_fast_chunk_" + _name,
-                               _FF=_ff, _PLAIN=_fwd_plain, _BOUND=_bf)),
-                 helper(_clone(_fast_chunk_template, "_der_fast_chunk_" + _name,
-                               _FF=_df, _PLAIN=_der_plain, _BOUND=_bd)),
-                 helper(_clone(_fwd_der_fast_chunk_template, "_fwd_der_fast_chunk_" + _name,
-                               _FDF=_pair("_fdf_" + _name, _ff, _df), _PLAIN=_fd_plain,
+                 helper(_clone(_fast_span_template, "_fwd_span_" + _name, _F=_f, _FF=_ff,
+                               _BOUND=_bf)),
+                 helper(_clone(_fast_span_template, "_der_span_" + _name, _F=_d, _FF=_df,
+                               _BOUND=_bd)),
+                 helper(_clone(_fwd_der_fast_span_template, "_fwd_der_span_" + _name,
+                               _FD=_fd, _FDF=_pair("_fdf_" + _name, _ff, _df),
                                _BOUND=min(_bf, _bd))))
     else:
         _fdd = _fd if _fwd_f is _f else _pair("_fdf_" + _name, _fwd_f, _d)
         _entries(_code, _name,
-                 helper(_clone(_chunk_template, "_fwd_chunk_" + _name, _F=_fwd_f)),
-                 helper(_clone(_chunk_template, "_der_chunk_" + _name, _F=_d)),
-                 helper(_clone(_fwd_der_chunk_template, "_fwd_der_chunk_" + _name,
+                 helper(_clone(_span_template, "_fwd_span_" + _name, _F=_fwd_f)),
+                 helper(_clone(_span_template, "_der_span_" + _name, _F=_d)),
+                 helper(_clone(_fwd_der_span_template, "_fwd_der_span_" + _name,
                                _FD=_fdd)))
 
 _PARAM = {LEAKY_RELU: (_pf_leaky_relu, _pd_leaky_relu, np.nan, _f_identity),
