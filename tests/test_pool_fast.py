@@ -9,6 +9,7 @@ import pytest
 from hmath_dl._kernels import pool as KP
 from hmath_dl._kernels import pool_backward as KB
 from hmath_dl._kernels import pool_fast as F
+from hmath_dl._kernels._jit import forced_schedule
 from tests.reference.conv import pool_reference
 
 SHAPES = [  # N, C, H, W, kh, kw, sh, sw
@@ -147,12 +148,15 @@ def test_written_out_2x2_max_kernel_is_the_general_kernels_bytes(shape):
     with F.forced_path("general"):
         assert KP.pool_box_nd(x, axes, True, want) == 0
     assert np.array_equal(want, pool_reference(True, x, (2, 2), (2, 2), (0, 0)))
-    for kern in (F.max_pool2x2, F.max_pool2x2.serial):
+    for schedule in ("parallel", "serial"):
         got = np.full_like(want, np.nan)
-        assert kern(x.reshape(N * C, H, W), got.reshape(N * C, OH, OW)) == 0
+        with forced_schedule(schedule):
+            assert F.max_pool2x2(x.reshape(N * C, H, W), got.reshape(N * C, OH, OW)) == 0
         assert got.tobytes() == want.tobytes()
         bad = x.copy()
         bad[0, 0, H - 1, W - 1] = np.nan            # a cell no window reads when H or W is odd
         bad[N - 1, C - 1, 0, 0] = np.inf
         expect = 1 if N * C == 1 else 2
-        assert kern(bad.reshape(N * C, H, W), got.reshape(N * C, OH, OW)) == expect
+        with forced_schedule(schedule):
+            assert F.max_pool2x2(bad.reshape(N * C, H, W),
+                                 got.reshape(N * C, OH, OW)) == expect

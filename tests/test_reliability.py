@@ -169,3 +169,30 @@ def test_absurd_outputs_are_refused_before_allocation(call):
 
     with pytest.raises(ShapeError):
         call(L, P)
+
+
+def _raising_span(x, out, scale, stop, t0, t1):
+    for t in range(t0, t1):
+        if t == stop:
+            raise ValueError("iteration reached the stop")
+        out[t] = x[t, 1] * scale + t
+
+
+@pytest.mark.parametrize("schedule", ["serial", "parallel"])
+def test_span_kernel_runs_and_raises_on_both_paths(schedule):
+    """The generic span driver: both schedules compute every iteration from the same
+    (non-contiguous, read-only) arguments, and an exception raised in one iteration
+    reaches the caller as itself -- on the parallel path it is raised in a worker thread,
+    which a ``prange`` body cannot pass on (it used to surface as a SystemError)."""
+    from numba import njit
+
+    from hmath_dl._kernels._jit import SpanKernel, forced_schedule
+    k = SpanKernel(njit(_raising_span), iterations=lambda x, out, scale, stop: out.shape[0])
+    x = np.arange(80.0).reshape(40, 2)[::2]
+    x.setflags(write=False)
+    out = np.zeros(20)
+    with forced_schedule(schedule):
+        k(x, out, 0.5, -1)
+    np.testing.assert_array_equal(out, x[:, 1] * 0.5 + np.arange(20))
+    with forced_schedule(schedule), pytest.raises(ValueError, match="reached the stop"):
+        k(x, out, 0.5, 13)

@@ -45,9 +45,16 @@ in, re-optimised and compiled to machine code again, and a ``parallel=True`` fun
 several such libraries (the ``prange`` body, two gufunc wrappers, the function): a large
 kernel body was compiled three to four times for its parallel compilation and once more
 for its twin.  A :class:`SpanKernel` is written as a serial helper over a span of
-iterations; its parallel path is the one generic driver :func:`_drive`, which calls the
-helper through its address (:func:`_call_span`), so the helper is compiled once for both
-paths, and a call with little work compiles nothing else.
+iterations; its parallel path is the one generic driver :func:`_drive` (compiled once for
+the whole package: its arguments are three integers), which calls the helper through its
+address, so the helper is compiled once for both paths, and a call with little work
+compiles nothing else.  Per argument-tuple type only :func:`_launch` is compiled, a serial
+function of a few dozen instructions.
+
+Numba's ``parallel`` option is restricted to explicit ``prange`` loops
+(:func:`_parallel_option`): its automatic conversions (array expressions, ``np.zeros`` and
+friends, comprehensions) would each add a parallel region, i.e. one more gufunc to compile,
+for what are small allocations of per-task flags.
 """
 
 import contextlib
@@ -59,6 +66,7 @@ import threading
 import time
 import types
 
+import numpy as np
 from numba import njit, prange
 from numba import typeof as nbtypeof
 from numba.core import types as nbtypes
@@ -294,8 +302,20 @@ def runs_serial(small):
     return small if forced is None else forced == "serial"
 
 
+def _parallel_option(parallel):
+    """Numba's ``parallel`` option: only the explicit ``prange`` loops (and their
+    reductions) run in parallel.  Numba's other conversions (array expressions, numpy
+    allocations such as ``np.zeros``, comprehensions, fusion) are off: each would be one
+    more parallel region to compile (a gufunc of its own) for loops that are either
+    small or already inside a ``prange`` body."""
+    if not parallel:
+        return False
+    return dict(prange=True, reduction=True, comprehension=False, inplace_binop=False,
+                setitem=False, numpy=False, stencil=False, fusion=False)
+
+
 def _jit(fn, parallel):
-    options = dict(parallel=parallel, nogil=True, error_model="numpy")
+    options = dict(parallel=_parallel_option(parallel), nogil=True, error_model="numpy")
     if CACHE_ENABLED:
         try:
             return njit(cache=True, **options)(fn)
@@ -408,16 +428,18 @@ def inlined(fn):
 
 # --------------------------------------------------------------------------- spans
 # A parallel kernel written as a serial "span" helper -- ``span(*args, t0, t1)`` does
-# the iterations ``t0 .. t1-1`` of a loop whose iterations are independent -- and ONE
-# generic ``prange`` driver, :func:`_drive`, that calls the span helper through its
-# native entry point's address (not as a linked callee).  Numba finalises every entry
-# point with the IR of everything it calls linked in, re-optimised and compiled to
-# machine code again, and a parallel function is several such entry points (its
-# thread-pool body and two wrappers): a large kernel body linked into a parfor is
-# compiled three to four times.  Called through its address, the span helper is
-# compiled once, for the serial path and the parallel one alike; the driver compiled
-# per argument-tuple type is a few dozen instructions.  Same machine code on both
-# paths, so the same bits.
+# the iterations ``t0 .. t1-1`` of a loop whose iterations are independent -- run in
+# parallel by ONE generic ``prange`` driver, :func:`_drive`, compiled once (its three
+# arguments are integers).  Numba finalises every entry point with the IR of everything
+# it calls linked in, re-optimised and compiled to machine code again, and a parallel
+# function is several such entry points (its thread-pool body and two wrappers): a large
+# kernel body linked into a parfor is compiled three to four times.  Here nothing is
+# linked: the span helper is compiled once (for the serial path and the parallel one
+# alike) and called through the address of its native entry point.  What depends on
+# the argument types is a small serial function, :func:`_launch` (compiled per
+# argument-tuple type, a few dozen instructions): it stores the arguments in its frame
+# and defines a trampoline that unpacks them for the span helper; the driver's
+# workers call the trampoline.  Same machine code on both paths, so the same bits.
 
 def _excinfo_ptr_t():
     from numba.core import callconv
@@ -447,83 +469,145 @@ def _unowned(context, builder, ty, val):
     return val
 
 
+def _status(context, builder, code, excinfo):
+    """Numba's status of a call that returned ``code`` (its exception info at ``excinfo``)."""
+    try:
+        return context.call_conv._get_return_status(builder, code, builder.load(excinfo))
+    except TypeError:   # pragma: no cover - a numba whose status takes no excinfo
+        return context.call_conv._get_return_status(builder, code)
+
+
+def _span_call(context, builder, addr, argtys, vals, retptr, excinfo):
+    """Emit a call of the compiled function at the integer ``addr`` (Numba's calling
+    convention, returning None) with ``vals`` of Numba types ``argtys``; returns the
+    status code (the callee's exception, if any, is left at ``excinfo``)."""
+    fnty = context.call_conv.get_function_type(nbtypes.none, argtys)
+    fnptr = builder.inttoptr(addr, fnty.as_pointer())
+    packed = list(context.get_arg_packer(argtys).as_arguments(builder, vals))
+    return builder.call(fnptr, [retptr, excinfo] + packed)
+
+
+_I64x3 = [nbtypes.int64] * 3
+
+
+def _call3_intrinsic(propagate):
+    def call3(typingctx, addr, a, b, c):
+        if not all(isinstance(x, nbtypes.Integer) for x in (addr, a, b, c)):
+            return None
+
+        def codegen(context, builder, signature, llargs):
+            from numba.core import cgutils
+            vals = [context.cast(builder, v, ty, nbtypes.int64)
+                    for v, ty in zip(llargs, signature.args)]
+            retty = context.data_model_manager[nbtypes.none].get_return_type()
+            retptr = cgutils.alloca_once(builder, retty)
+            builder.store(cgutils.get_null_value(retty), retptr)
+            excinfo = cgutils.alloca_once(builder, _excinfo_ptr_t(), name="excinfo")
+            code = _span_call(context, builder, vals[0], _I64x3, vals[1:], retptr, excinfo)
+            status = _status(context, builder, code, excinfo)
+            if not propagate:
+                return builder.zext(status.is_error, context.get_value_type(nbtypes.int64))
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return context.get_dummy_value()
+
+        return (nbtypes.none if propagate else nbtypes.int64)(addr, a, b, c), codegen
+
+    return intrinsic(call3)
+
+
+#: ``_call3(addr, a, b, c)``: ``f(a, b, c)`` for the compiled function ``f`` at the integer
+#: address ``addr`` (Numba's calling convention, three int64 arguments, returning None),
+#: its exception propagated to the caller.
+_call3 = _call3_intrinsic(True)
+#: ``_try3(addr, a, b, c)``: the same call, returning 1 if ``f`` raised (the exception is
+#: dropped), else 0.
+_try3 = _call3_intrinsic(False)
+
+
 @intrinsic
-def _stash(typingctx, args):
-    """``(address of a copy of the tuple args in this frame, TypeRef(args))``: what a
-    ``prange`` body needs to call a span helper, as two scalars (a tuple captured by the
-    body would become one gufunc parameter per element, each costing compile time)."""
-    if not isinstance(args, nbtypes.BaseTuple):
+def _stash(typingctx, args, span):
+    """``(p, tramp)``: ``p`` the address of a record ``{span, args}`` in this frame (the
+    arrays in ``args`` without owners, :func:`_unowned`), ``tramp`` the address of a
+    function of this module, ``tramp(p, t, _)`` (Numba's calling convention) =
+    ``span(*args, t, t + 1)`` for the compiled span helper at the address ``span`` (its
+    argument types exactly ``args``' element types then two int64)."""
+    if not (isinstance(args, nbtypes.BaseTuple) and isinstance(span, nbtypes.Integer)):
         return None
-    retty = nbtypes.Tuple((nbtypes.intp, nbtypes.TypeRef(args)))
-
-    def codegen(context, builder, signature, llargs):
-        from numba.core import cgutils
-        (tup,) = llargs
-        tup = _unowned(context, builder, args, tup)
-        slot = cgutils.alloca_once(builder, tup.type)
-        builder.store(tup, slot)
-        p = builder.ptrtoint(slot, context.get_value_type(nbtypes.intp))
-        return context.make_tuple(builder, retty, [p, context.get_dummy_value()])
-
-    return retty(args), codegen
-
-
-@intrinsic
-def _call_span(typingctx, addr, p, tref, t):
-    """``span(*args, t, t + 1)`` for the compiled span helper whose native entry point
-    (Numba's calling convention, returning None) is at the integer address ``addr``,
-    ``args`` the tuple of type ``tref`` stored at ``p`` (:func:`_stash`); the helper's
-    argument types are exactly ``args``' element types then two int64.  The caller keeps
-    ``args`` alive (no reference counts change)."""
-    if not (isinstance(addr, nbtypes.Integer) and isinstance(p, nbtypes.Integer)
-            and isinstance(tref, nbtypes.TypeRef)
-            and isinstance(tref.instance_type, nbtypes.BaseTuple)
-            and isinstance(t, nbtypes.Integer)):
-        return None
-    args = tref.instance_type
+    retty = nbtypes.UniTuple(nbtypes.int64, 2)
 
     def codegen(context, builder, signature, llargs):
         from llvmlite import ir
         from numba.core import cgutils
-        addr_v, p_v, _, t_v = llargs
-        i64 = nbtypes.int64
-        argtys = list(args.types) + [i64, i64]
-        tup_ptr = builder.inttoptr(p_v, context.get_value_type(args).as_pointer())
-        tup_v = builder.load(tup_ptr)
-        t0 = context.cast(builder, t_v, t, i64)
-        t1 = builder.add(t0, ir.Constant(t0.type, 1))
-        vals = [builder.extract_value(tup_v, k) for k in range(len(args.types))] + [t0, t1]
-        fnty = context.call_conv.get_function_type(nbtypes.none, argtys)
-        fnptr = builder.inttoptr(context.cast(builder, addr_v, addr, nbtypes.intp),
-                                 fnty.as_pointer())
-        retty = context.data_model_manager[nbtypes.none].get_return_type()
-        retptr = cgutils.alloca_once(builder, retty)
-        builder.store(cgutils.get_null_value(retty), retptr)
-        excinfo = cgutils.alloca_once(builder, _excinfo_ptr_t(), name="excinfo")
-        packed = list(context.get_arg_packer(argtys).as_arguments(builder, vals))
-        code = builder.call(fnptr, [retptr, excinfo] + packed)
-        try:
-            status = context.call_conv._get_return_status(builder, code,
-                                                          builder.load(excinfo))
-        except TypeError:   # pragma: no cover - a numba whose status takes no excinfo
-            status = context.call_conv._get_return_status(builder, code)
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
-        return context.get_dummy_value()
+        tup, span_v = llargs
+        i64 = ir.IntType(64)
+        tup = _unowned(context, builder, args, tup)
+        record_t = ir.LiteralStructType([i64, tup.type])
+        slot = cgutils.alloca_once(builder, record_t)
+        builder.store(context.cast(builder, span_v, span, nbtypes.int64),
+                      builder.gep(slot, [ir.Constant(ir.IntType(32), 0)] * 2))
+        builder.store(tup, builder.gep(slot, [ir.Constant(ir.IntType(32), 0),
+                                              ir.Constant(ir.IntType(32), 1)]))
+        fnty = context.call_conv.get_function_type(nbtypes.none, _I64x3)
+        tramp = cgutils.get_or_insert_function(builder.module, fnty, "hmath_dl_span_tramp")
+        if tramp.is_declaration:
+            tramp.linkage = "internal"
+            tb = ir.IRBuilder(tramp.append_basic_block("entry"))
+            retptr, excinfo = tramp.args[0], tramp.args[1]
+            p_v, t_v = context.call_conv.get_arguments(tramp)[:2]
+            record = tb.load(tb.inttoptr(p_v, record_t.as_pointer()))
+            targs = tb.extract_value(record, 1)
+            vals = [tb.extract_value(targs, k) for k in range(len(args.types))]
+            vals += [t_v, tb.add(t_v, ir.Constant(i64, 1))]
+            code = _span_call(context, tb, tb.extract_value(record, 0),
+                              list(args.types) + [nbtypes.int64, nbtypes.int64],
+                              vals, retptr, excinfo)
+            tb.ret(code)
+        p = builder.ptrtoint(slot, i64)
+        return context.make_tuple(builder, retty, [p, builder.ptrtoint(tramp, i64)])
 
-    return nbtypes.none(addr, p, tref, t), codegen
+    return retty(args, span), codegen
 
 
-def _drive(args, n, addr):
-    """``span(*args, t, t + 1)`` for every ``t`` in ``prange(n)`` (the span helper at
-    ``addr``, see :func:`_call_span`): the one parallel driver of every span kernel."""
-    p, tref = _stash(args)
+def _drive(p, n, tramp):
+    """``tramp(p, t, 0)`` for every ``t`` in ``prange(n)``: the one parallel driver of
+    every span kernel (one compilation: its arguments are three integers).
+
+    An exception raised in a worker thread cannot leave a ``prange`` body cleanly
+    (Numba would set it in the calling thread and return as if nothing happened, which
+    Python reports as a ``SystemError``), so the workers only note which iterations
+    raised; afterwards the first of them runs again here, outside the parallel region,
+    and its exception propagates to the caller as it would from the serial path."""
+    raised = np.zeros(n, dtype=np.int8)
     for t in prange(n):
-        _call_span(addr, p, tref, t)
+        raised[t] = _try3(tramp, p, t, 0)
+    for t in range(n):
+        if raised[t] != 0:
+            _call3(tramp, p, t, 0)
+            raise RuntimeError("a span kernel raised in a worker thread, not when run again")
 
 
 _drive = _jit(_drive, parallel=True)
 
+
+def _launch(args, n, span, drive):
+    """``span(*args, t, t + 1)`` for every ``t`` in ``prange(n)``, through the driver
+    (whose native entry point is at ``drive``); compiled per argument-tuple type."""
+    p, tramp = _stash(args, span)
+    _call3(drive, p, n, tramp)
+
+
+_launch = _jit(_launch, parallel=False)
+_DRIVE = []   # the address of _drive's native entry point, once compiled
+
+
+def _drive_address():
+    if not _DRIVE:
+        sig = (nbtypes.int64,) * 3
+        _drive.compile(sig)
+        cres = _drive.overloads[sig]
+        _DRIVE.append(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+    return _DRIVE[0]
 
 try:
     from numba._dispatcher import compute_fingerprint as _compute_fingerprint
@@ -594,11 +678,16 @@ class SpanKernel:
         if _threads._SERIAL_ONLY or runs_serial(work < self.limit) or n == 1:
             self.span(*args, 0, n)
         else:
-            _drive(args, n, self.address(args))
+            _launch(args, n, self.address(args), _drive_address())
 
     def sized(self, work):
         """A callable running ``k(*args)`` with the given ``work`` (see :meth:`run`)."""
         return lambda *args: self.run(self.iterations(*args), work, *args)
+
+    def when_small(self, small):
+        """:meth:`sized` for a caller that sized the launch by its own test: serial when
+        ``small`` is true (the forced schedule and an unsafe fork's child decide first)."""
+        return self.sized(0 if small else self.limit)
 
     def __call__(self, *args):
         work = self.work(*args) if self.work is not None else self.limit

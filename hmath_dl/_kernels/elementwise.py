@@ -89,7 +89,7 @@ import types as _pytypes
 import numpy as np
 from numba import prange
 
-from ._jit import helper, inlined as _inl, kernel, runs_serial
+from ._jit import helper, inlined as _inl, kernel, runs_serial, span_kernel
 from .checks import span_finite
 from .status import NONFINITE_INPUT, OK, OVERFLOW
 from .libm import (SIGMOID_FAST_BOUND, SOFTPLUS_FAST_BOUND, _bits, _float, _ROUND_BITS,
@@ -874,15 +874,13 @@ def activation_forward_derivative_param_serial(code, p, x_flat, out_flat, d_flat
                        True, code, p, x_flat, out_flat, d_flat)
 
 
-@kernel
-def dropout_train(x_flat, u_flat, p, scale, out_flat):
-    """Inverted dropout.  ``u_flat`` holds uniform draws in ``[0, 1)`` and is OVERWRITTEN
-    with the mask: ``scale`` where ``u >= p`` (element kept), else ``0.0``;
-    ``out_flat = x_flat * mask``.  True iff every output is finite."""
+@span_kernel(iterations=lambda x_flat, u_flat, p, scale, out_flat, ok: ok.shape[0],
+             work=lambda x_flat, u_flat, p, scale, out_flat, ok: x_flat.shape[0])
+def _dropout_span(x_flat, u_flat, p, scale, out_flat, ok, c0, c1):
+    """Chunks ``c0 .. c1-1`` (``_CHUNK`` elements each) of :func:`dropout_train`;
+    ``ok[c]``: whether chunk ``c``'s outputs are all finite."""
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    ok = np.ones(nchunks, dtype=np.bool_)
-    for c in prange(nchunks):
+    for c in range(c0, c1):
         start = c * _CHUNK
         stop = min(n, start + _CHUNK)
         for i in range(start, stop):
@@ -890,10 +888,16 @@ def dropout_train(x_flat, u_flat, p, scale, out_flat):
             u_flat[i] = m
             out_flat[i] = x_flat[i] * m
         ok[c] = span_finite(out_flat, start, stop)
-    for c in range(nchunks):
-        if not ok[c]:
-            return False
-    return True
+
+
+def dropout_train(x_flat, u_flat, p, scale, out_flat):
+    """Inverted dropout.  ``u_flat`` holds uniform draws in ``[0, 1)`` and is OVERWRITTEN
+    with the mask: ``scale`` where ``u >= p`` (element kept), else ``0.0``;
+    ``out_flat = x_flat * mask``.  True iff every output is finite.  A span kernel over
+    chunks (one compiled body for both schedules; the size chooses)."""
+    ok = np.ones(-(-x_flat.shape[0] // _CHUNK), dtype=np.bool_)
+    _dropout_span(x_flat, u_flat, float(p), float(scale), out_flat, ok)
+    return bool(ok.all())
 
 
 @kernel

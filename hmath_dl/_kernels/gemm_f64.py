@@ -248,8 +248,13 @@ def _strip(bf, N, bpk, K, T, tile, k0, k1):
             bpk[base + i] = 0.0
 
 
-@kernel
-def _pack_b(b, bpk, K, T):
+def _pack_b_tasks(b, bpk, K, T):
+    """:func:`_pack_b`'s iterations: (chunk of rows, tile) pairs."""
+    return -(-K // _PACK_ROWS) * (bpk.shape[0] // (K * T)) if K > 0 else 0
+
+
+@span_kernel(iterations=_pack_b_tasks)
+def _pack_b(b, bpk, K, T, t0, t1):
     """``b [K, N]`` -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past N (a copy: no
     arithmetic).  Parallel over (chunk of ``_PACK_ROWS`` rows of ``b``, tile) pairs, each
     chunk (in L2) read once and written tile by tile (:func:`_strip`): walking each tile
@@ -258,17 +263,16 @@ def _pack_b(b, bpk, K, T):
     N = b.shape[1]
     ntile = bpk.shape[0] // (K * T) if K > 0 else 0
     bf = b.reshape(-1)
-    nch = (K + _PACK_ROWS - 1) // _PACK_ROWS
     # (chunk, tile) pairs, chunk-major: a thread's contiguous share of them walks a chunk's
     # tiles in turn, and a short b (K <= _PACK_ROWS) still splits across threads
-    for t in prange(nch * ntile):
+    for t in range(t0, t1):
         ch = t // ntile
         k0 = ch * _PACK_ROWS
         _strip(bf, N, bpk, K, T, t - ch * ntile, k0, min(K, k0 + _PACK_ROWS))
 
 
-@kernel
-def _pack_bt(bt, bpk, K, T):
+@span_kernel(iterations=lambda bt, bpk, K, T: bpk.shape[0] // (K * T) if K > 0 else 0)
+def _pack_bt(bt, bpk, K, T, t0, t1):
     """``bt [N, K]`` (b transposed) -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past
     N, without a transposed copy of b first; parallel over tiles.  Full ``VW x VW``
     blocks go through :func:`._simd._transpose_block` (vector loads along ``bt``'s rows,
@@ -277,7 +281,7 @@ def _pack_bt(bt, bpk, K, T):
     ntile = bpk.shape[0] // (K * T) if K > 0 else 0
     flat = bt.reshape(-1)
     kfull = K - K % _VW
-    for tile in prange(ntile):
+    for tile in range(t0, t1):
         n0 = tile * T
         w = min(T, N - n0)
         wfull = w - w % _VW
@@ -296,8 +300,8 @@ def _pack_bt(bt, bpk, K, T):
                 bpk[base + k * T + i] = 0.0
 
 
-@kernel
-def _pack_a(a, apk, K):
+@span_kernel(iterations=lambda a, apk, K: apk.shape[0] // (K * _CB) if K > 0 else 0)
+def _pack_a(a, apk, K, t0, t1):
     """``a [M, K]`` -> ``apk [ceil(M/6), K, 6]`` (flat), zero rows past M; parallel over
     blocks.  A full block's ``6 x VW`` pieces go through :func:`._simd._make_interleave`
     (vector loads along the rows, contiguous stores); the edges element by element."""
@@ -305,7 +309,7 @@ def _pack_a(a, apk, K):
     nmb = apk.shape[0] // (K * _CB) if K > 0 else 0
     flat = a.reshape(-1)
     kfull = K - K % _VW
-    for blk in prange(nmb):
+    for blk in range(t0, t1):
         m0 = blk * _CB
         k1 = kfull if m0 + _CB <= M else 0
         for k0 in range(0, k1, _VW):
@@ -317,8 +321,13 @@ def _pack_a(a, apk, K):
                 apk[base + j] = a[m, k] if m < M else 0.0
 
 
-@kernel
-def _pack_at(at, apk, K):
+def _pack_at_tasks(at, apk, K):
+    """:func:`_pack_at`'s iterations: (chunk of rows, block) pairs."""
+    return -(-K // _PACK_ROWS) * (apk.shape[0] // (K * _CB)) if K > 0 else 0
+
+
+@span_kernel(iterations=_pack_at_tasks)
+def _pack_at(at, apk, K, t0, t1):
     """``a [M, K]`` given as its transpose ``at [K, M]`` (C-contiguous: the ``x.T`` of a
     weight gradient) -> ``apk [ceil(M/6), K, 6]`` (flat), zero rows past M, without a
     transposed copy first: each term's 6 values are adjacent in a row of ``at``.
@@ -333,9 +342,8 @@ def _pack_at(at, apk, K):
     flat = at.reshape(-1)
     uM = np.uint64(M)
     ucb = np.uint64(_CB)
-    nch = (K + _PACK_ROWS - 1) // _PACK_ROWS
     # (chunk, block) pairs, chunk-major (as in _pack_b)
-    for t in prange(nch * nmb):
+    for t in range(t0, t1):
         ch = t // nmb
         blk = t - ch * nmb
         k0 = np.uint64(ch * _PACK_ROWS)

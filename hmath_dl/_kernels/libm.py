@@ -95,7 +95,7 @@ against 64-bit long double (cross-checked with 60-digit mpmath) or mpmath (erf).
 
 Every function maps NaN to NaN (the input NaN itself).
 
-Array kernels (``@kernel``, ``prange`` over fixed chunks of 4096 elements)
+Array kernels (span kernels over fixed chunks of 4096 elements)
 --------------------------------------------------------------------------
 ``exp_array(x, out)``, ``expm1_array``, ``log_array``, ``log1p_array``, ``tanh_array``,
 ``erf_array``, ``sigmoid_array``, ``softplus_array``, ``sin_array``, ``cos_array``: ``x``
@@ -108,12 +108,11 @@ import math
 
 import numpy as np
 from llvmlite import ir as llvm_ir
-from numba import prange
 from numba.core import types
 from numba.extending import intrinsic
 
 from ._cpu import machine
-from ._jit import helper, inlined as _inl, kernel
+from ._jit import helper, inlined as _inl, span_kernel
 
 __all__ = ["exp", "expm1", "log", "log1p", "tanh", "erf", "sigmoid", "softplus",
            "sin", "cos", "exp_array", "expm1_array", "log_array", "log1p_array",
@@ -1085,11 +1084,21 @@ def cos(x):
 
 
 # --------------------------------------------------------------------------- array kernels
-@kernel
-def exp_array(x, out):
+def _chunks(x, out):
+    """The iterations of an array kernel: chunks of ``_CHUNK`` elements."""
+    return (x.shape[0] + _CHUNK - 1) // _CHUNK
+
+
+def _size(x, out):
+    """The work of an array kernel: its elements (small arrays run serially)."""
+    return x.shape[0]
+
+
+@span_kernel(iterations=_chunks, work=_size)
+def exp_array(x, out, c0, c1):
     """out[i] = exp(x[i])."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1099,11 +1108,11 @@ def exp_array(x, out):
             os[i] = exp_inline(xs[i])
 
 
-@kernel
-def expm1_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def expm1_array(x, out, c0, c1):
     """out[i] = expm1(x[i])."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1113,11 +1122,11 @@ def expm1_array(x, out):
             os[i] = expm1_inline(xs[i])
 
 
-@kernel
-def log_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def log_array(x, out, c0, c1):
     """out[i] = log(x[i])."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1127,11 +1136,11 @@ def log_array(x, out):
             os[i] = log_inline(xs[i])
 
 
-@kernel
-def log1p_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def log1p_array(x, out, c0, c1):
     """out[i] = log1p(x[i])."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1141,11 +1150,11 @@ def log1p_array(x, out):
             os[i] = log1p_inline(xs[i])
 
 
-@kernel
-def tanh_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def tanh_array(x, out, c0, c1):
     """out[i] = tanh(x[i])."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1155,11 +1164,11 @@ def tanh_array(x, out):
             os[i] = tanh_inline(xs[i])
 
 
-@kernel
-def erf_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def erf_array(x, out, c0, c1):
     """out[i] = erf(x[i])."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1169,11 +1178,11 @@ def erf_array(x, out):
             os[i] = erf_inline(xs[i])
 
 
-@kernel
-def sigmoid_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def sigmoid_array(x, out, c0, c1):
     """out[i] = sigmoid(x[i])."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1183,11 +1192,11 @@ def sigmoid_array(x, out):
             os[i] = sigmoid_inline(xs[i])
 
 
-@kernel
-def softplus_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def softplus_array(x, out, c0, c1):
     """out[i] = softplus(x[i])."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1197,13 +1206,13 @@ def softplus_array(x, out):
             os[i] = softplus_inline(xs[i])
 
 
-@kernel
-def sin_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def sin_array(x, out, c0, c1):
     """out[i] = sin(x[i]): a vectorised pass for |x| <= 1647099 (larger and non-finite
     elements keep their input value), then, only in chunks that have any, a scalar
     Payne-Hanek pass over them (so ``out`` may be ``x``)."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
@@ -1224,13 +1233,13 @@ def sin_array(x, out):
 
 
 
-@kernel
-def cos_array(x, out):
+@span_kernel(iterations=_chunks, work=_size)
+def cos_array(x, out, c0, c1):
     """out[i] = cos(x[i]): a vectorised pass for |x| <= 1647099 (larger and non-finite
     elements keep their input value), then, only in chunks that have any, a scalar
     Payne-Hanek pass over them (so ``out`` may be ``x``)."""
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()

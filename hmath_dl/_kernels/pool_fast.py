@@ -31,7 +31,7 @@ import contextlib
 import numpy as np
 from numba import prange
 
-from ._jit import inlined, kernel
+from ._jit import inlined, kernel, span_kernel
 from ._plan import forcing
 from .views import readonly
 
@@ -124,7 +124,7 @@ def forward(x, axes, is_max, out):
     OH, OW = (1,) + out.shape[2:] if out.ndim == 3 else out.shape[2:]
     x3 = readonly(x.reshape(P, H, W))   # one compiled specialisation: inputs read-only
     if is_max and (kh, kw, sh, sw) == (2, 2, 2, 2):
-        return int(max_pool2x2.sized(x.size)(x3, out.reshape(P, OH, OW)))
+        return max_pool2x2(x3, out.reshape(P, OH, OW))
     return int(pool2d_regular.sized(x.size)(x3, kh, kw, sh, sw, bool(is_max), kh * kw,
                                             out.reshape(P, OH, OW)))
 
@@ -301,10 +301,10 @@ def avg_pool2d_regular_backward(g, kh, kw, sh, sw, div, dx):
 # scatter per window.)
 
 
-@kernel
-def max_pool2x2(x, out):
-    """:func:`pool2d_regular` for max pooling over 2 x 2 windows at stride 2 (see the
-    note above); returns the number of planes whose input holds a NaN/inf."""
+@span_kernel(iterations=lambda x, out, bad: bad.shape[0], work=lambda x, out, bad: x.size)
+def _max_pool2x2_span(x, out, bad, t0, t1):
+    """Tasks ``t0 .. t1-1`` (``PLANES_PER_TASK`` planes each) of :func:`max_pool2x2`;
+    ``bad[t]`` = the number of task ``t``'s planes whose input holds a NaN/inf."""
     P, H, W = x.shape
     OH, OW = out.shape[1], out.shape[2]
     xf = x.reshape(-1)
@@ -312,9 +312,7 @@ def max_pool2x2(x, out):
     uW, uOW = np.uint64(W), np.uint64(OW)
     two = np.uint64(2)
     one = np.uint64(1)
-    ntask = (P + PLANES_PER_TASK - 1) // PLANES_PER_TASK
-    bad = np.zeros(ntask, dtype=np.int64)
-    for t in prange(ntask):
+    for t in range(t0, t1):
         nb = 0
         for p in range(t * PLANES_PER_TASK, min(P, (t + 1) * PLANES_PER_TASK)):
             xb = np.uint64(p) * np.uint64(H) * uW
@@ -337,7 +335,13 @@ def max_pool2x2(x, out):
                 cnt += xf[xb + q] * 0.0 != 0.0
             nb += 1 if cnt != 0 else 0
         bad[t] = nb
-    total = 0
-    for t in range(ntask):
-        total += bad[t]
-    return total
+
+
+def max_pool2x2(x, out):
+    """:func:`pool2d_regular` for max pooling over 2 x 2 windows at stride 2 (see the
+    note above) of ``x [P, H, W]`` into ``out [P, H//2, W//2]``; returns the number of
+    planes whose input holds a NaN/inf.  A span kernel (:func:`._jit.span_kernel`: one
+    compiled body for the serial and the parallel schedule; the work size chooses)."""
+    bad = np.zeros(-(-x.shape[0] // PLANES_PER_TASK), dtype=np.int64)
+    _max_pool2x2_span(x, out, bad)
+    return int(bad.sum())

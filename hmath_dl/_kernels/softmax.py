@@ -14,9 +14,8 @@ library's own exp, :mod:`hmath_dl._kernels.libm`, within 1 ulp), ``s`` = the sum
 """
 
 import numpy as np
-from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import helper, span_kernel
 from .libm import _wide, exp_inline, log_inline
 from .reduce import _row_sum as _sum8   # the eight-partial fixed order
 
@@ -59,10 +58,12 @@ def _row_max(a):
     return m
 
 
-@kernel
-def softmax_rows(x, out, log):
-    rows, c = x.shape
-    for r in prange(rows):
+@span_kernel(iterations=lambda x, out, log: x.shape[0], work=lambda x, out, log: x.size)
+def softmax_rows(x, out, log, r0, r1):
+    """Rows ``r0 .. r1-1`` of the softmax (or log-softmax) of ``x`` into ``out`` (module
+    docstring); a span kernel, called as ``softmax_rows(x, out, log)``."""
+    c = x.shape[1]
+    for r in range(r0, r1):
         _wide()
         xr = x[r]
         o = out[r]
@@ -79,10 +80,12 @@ def softmax_rows(x, out, log):
                 o[j] = o[j] / s
 
 
-@kernel
-def softmax_backward_rows(y, g, out, log):
-    rows, c = y.shape
-    for r in prange(rows):
+@span_kernel(iterations=lambda y, g, out, log: y.shape[0], work=lambda y, g, out, log: y.size)
+def softmax_backward_rows(y, g, out, log, r0, r1):
+    """Rows ``r0 .. r1-1`` of the softmax backward (module docstring); a span kernel,
+    called as ``softmax_backward_rows(y, g, out, log)``."""
+    c = y.shape[1]
+    for r in range(r0, r1):
         _wide()
         yr = y[r]
         gr = g[r]
