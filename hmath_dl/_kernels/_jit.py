@@ -675,12 +675,10 @@ class SpanKernel:
         than ``limit`` work units, or as :func:`forced_schedule` says)."""
         if n <= 0:
             return
-        forced = _forced["schedule"]      # runs_serial, written out: a call's overhead
-        if (n == 1 or _threads._SERIAL_ONLY
-                or (work < self.limit if forced is None else forced == "serial")):
+        if _threads._SERIAL_ONLY or runs_serial(work < self.limit) or n == 1:
             self.span(*args, 0, n)
         else:
-            _launch(args, n, self.address(args), _DRIVE[0] if _DRIVE else _drive_address())
+            _launch(args, n, self.address(args), _drive_address())
 
     def sized(self, work):
         """A callable running ``k(*args)`` with the given ``work`` (see :meth:`run`)."""
