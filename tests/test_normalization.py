@@ -387,3 +387,69 @@ def test_weight_norm_nonfinite_slices():
         with pytest.raises(NonFiniteError, match="^weight_norm") as info:
             weight_norm(0, [1.0, 1.0], w)
         assert where in str(info.value)
+
+
+# --------------------------------------------------------------------------- specified order
+def _lane_sum(values, lanes=32):
+    """The documented order of a row sum (plain Python): ``lanes`` interleaved partial
+    sums from 0.0, added in order, then the tail in order."""
+    n = len(values)
+    nb = n // lanes
+    acc = [0.0] * lanes
+    for b in range(nb):
+        for k in range(lanes):
+            acc[k] += values[b * lanes + k]
+    t = 0.0
+    for k in range(lanes):
+        t += acc[k]
+    for i in range(nb * lanes, n):
+        t += values[i]
+    return t
+
+
+def _row_norm_oracle(row, eps, center):
+    """A row of at most 2048 finite elements whose sums stay finite, by the documented
+    operations: two-pass mean and sum of squares in the lane order, merged from zero by
+    Chan's update (a single chunk), then ``(x - mean) * (1 / sqrt(var + eps))``."""
+    row = [float(v) for v in row]
+    n = float(len(row))
+    if center:
+        mb = _lane_sum(row) / n
+        qb = _lane_sum([(v - mb) * (v - mb) for v in row])
+        mean = 0.0 + (mb - 0.0) * (n / (0.0 + n))
+        q = (0.0 + qb) + (mb - 0.0) * (mb - 0.0) * ((0.0 * n) / (0.0 + n))
+    else:
+        mean = 0.0
+        q = 0.0 + _lane_sum([v * v for v in row])
+    inv = 1.0 / math.sqrt(q / n + eps)
+    return np.array([(v - mean) * inv for v in row])
+
+
+@pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 64, 100, 2048])
+@pytest.mark.parametrize("center", [True, False])
+def test_rows_follow_the_documented_order_whatever_their_neighbours(n, center):
+    """Rows are normalised four at a time with interleaved chains: each row's bits are
+    still those of the documented order, and a row that needs the rescaled path (its
+    squares overflow) changes nothing for the rows beside it."""
+    rng = np.random.default_rng(n)
+    rows = 11
+    x = rng.standard_normal((rows, n)) * 10.0 ** rng.integers(-8, 8, size=(rows, 1))
+    x[5] *= 1e160          # overflows x*x: the rescaled path, inside a group of four
+    w = rng.standard_normal(n)
+    b = rng.standard_normal(n)
+    if center:
+        calls = [(lambda v: layer_norm(1, 1e-5, v), lambda y: y),
+                 (lambda v: layer_norm(1, 1e-5, v, weight=w, bias=b), lambda y: y * w + b)]
+    else:
+        calls = [(lambda v: rms_norm(1, 1e-5, v), lambda y: y),
+                 (lambda v: rms_norm(1, 1e-5, v, weight=w), lambda y: y * w)]
+    for fn, affine in calls:
+        for xs in (x, np.tile(x, (40, 1)), np.tile(x, (100, 1))):   # blocks of 4 and 8 rows
+            got = fn(xs)
+            for r in range(xs.shape[0]):
+                if r % rows == 5:
+                    alone = fn(xs[r:r + 1])
+                    assert np.array_equal(got[r].view(np.int64), alone[0].view(np.int64))
+                else:
+                    want = affine(_row_norm_oracle(xs[r], 1e-5, center))
+                    assert np.array_equal(got[r].view(np.int64), want.view(np.int64)), r

@@ -45,6 +45,9 @@ from .status import NONFINITE_INPUT, OK, OVERFLOW, ZERO_SLICE
 _HUGE = 1.0e300
 _CHUNK = 2048  # elements per cache-resident chunk of the one-pass statistics
 LANES = 32  # partial sums per reduction; pass it as the ``lanes`` kernel argument
+# the row norms do ~2 ns of work per element on one thread (statistics and output, short
+# rows): parallel from a quarter of the package's element threshold
+_ROW_SCALE = 0.25
 
 
 @inlined
@@ -242,20 +245,136 @@ def _inv_std(v, eps, s):
     return 1.0 / math.sqrt(t)
 
 
-@kernel
+@kernel(scale=_ROW_SCALE)
 def normalize_rows(x, rows, n, eps, center, lanes, out, status):
     """Row-wise normalisation of the C-contiguous ``[rows, n]`` array ``x`` (flat).
 
     ``center=True``: ``out = (x - mean) / sqrt(var + eps)`` (population variance) —
     layer, instance and group norm.  ``center=False``: ``out = x / sqrt(mean(x*x) + eps)``
     — RMS norm.  ``status[r]`` receives the row's status code.
+
+    Rows of at most ``_CHUNK`` elements go four at a time through :func:`_four_stats`
+    (each row's statistics by the same operations as :func:`_group_stats`, so the same
+    bits, the four rows' chains side by side); a row whose sums are not finite, and the
+    last ``per % 4`` rows of a block, take :func:`_normalize_row`.
     """
-    nblk = min(rows, 256)
-    per = (rows + nblk - 1) // nblk
+    per = 4 * max(1, (rows + 1023) // 1024)    # rows per block: a multiple of 4, and
+    nblk = (rows + per - 1) // per             # at most 256 blocks
     for blk in prange(nblk):
-        acc = np.empty(lanes)  # one scratch per block of rows, not per row
-        for r in range(blk * per, min(rows, (blk + 1) * per)):
-            _normalize_row(x, r * n, n, eps, center, acc, out, status, r)
+        acc = np.empty(4 * lanes)  # one scratch per block of rows, not per row
+        r0 = blk * per
+        r1 = min(rows, (blk + 1) * per)
+        r = r0
+        if n <= _CHUNK:
+            while r + 4 <= r1:
+                ms, vs, ok = _four_stats(x, r * n, n, center, acc)
+                for j in range(4):
+                    if ok[j]:
+                        status[r + j] = OK
+                        st = (r + j) * n
+                        _scale_row(x[st:st + n], ms[j], _inv_std(vs[j], eps, 1.0),
+                                   out[st:st + n])
+                    else:
+                        _normalize_row(x, (r + j) * n, n, eps, center, acc[:lanes], out,
+                                       status, r + j)
+                r += 4
+        while r < r1:
+            _normalize_row(x, r * n, n, eps, center, acc[:lanes], out, status, r)
+            r += 1
+
+
+@inlined
+def _scale_row(row, m, inv, orow):
+    """``orow = (row - m) * inv`` (the fast path's output of :func:`_normalize_row`)."""
+    for i in range(np.uint64(row.shape[0])):
+        orow[i] = (row[i] - m) * inv
+
+
+@inlined
+def _four_sums(x, b, n, m, sq, acc):
+    """For the four rows of length ``n`` at ``b[0..3]``: :func:`_sum` of each
+    (``sq`` False) or :func:`_sumsq` of each about ``m[j]`` (``sq`` True), with
+    ``acc`` of ``4 * lanes`` (row ``j`` uses ``acc[j*lanes:(j+1)*lanes]``): every
+    row's operations in :func:`_sum`'s order, the four chains side by side."""
+    lanes = acc.shape[0] // 4
+    nb = n // lanes
+    ul = np.uint64(lanes)
+    for j in range(4):
+        a = acc[j * lanes:(j + 1) * lanes]
+        row = x[b[j]:b[j] + n]
+        mj = m[j]
+        for k in range(ul):
+            a[k] = 0.0
+        for q in range(np.uint64(nb)):
+            base = q * ul
+            if sq:
+                for k in range(ul):
+                    d = row[base + k] - mj
+                    a[k] += d * d
+            else:
+                for k in range(ul):
+                    a[k] += row[base + k]
+    a0 = acc[0:lanes]
+    a1 = acc[lanes:2 * lanes]
+    a2 = acc[2 * lanes:3 * lanes]
+    a3 = acc[3 * lanes:4 * lanes]
+    t0 = t1 = t2 = t3 = 0.0
+    for k in range(ul):
+        t0 += a0[k]
+        t1 += a1[k]
+        t2 += a2[k]
+        t3 += a3[k]
+    b0, b1, b2, b3 = b[0], b[1], b[2], b[3]
+    for i in range(nb * lanes, n):
+        if sq:
+            d0 = x[b0 + i] - m[0]
+            d1 = x[b1 + i] - m[1]
+            d2 = x[b2 + i] - m[2]
+            d3 = x[b3 + i] - m[3]
+            t0 += d0 * d0
+            t1 += d1 * d1
+            t2 += d2 * d2
+            t3 += d3 * d3
+        else:
+            t0 += x[b0 + i]
+            t1 += x[b1 + i]
+            t2 += x[b2 + i]
+            t3 += x[b3 + i]
+    return (t0, t1, t2, t3)
+
+
+@inlined
+def _four_stats(x, base, n, center, acc):
+    """``(means, variances, ok)`` of the four rows of length ``n <= _CHUNK`` starting at
+    ``base``: :func:`_group_stats`'s unscaled path (one chunk: ``_group_moments``'s
+    update from zero; RMS: ``0.0 +`` the sum of squares), the same operations, so the
+    same bits.  ``ok[j]`` False: row ``j``'s sums are not finite (the caller runs
+    :func:`_group_stats`'s whole path for it)."""
+    b = (base, base + n, base + 2 * n, base + 3 * n)
+    zero = (0.0, 0.0, 0.0, 0.0)
+    nb = float(n)
+    if center:
+        ts = _four_sums(x, b, n, zero, False, acc)
+        mbs = (ts[0] / nb, ts[1] / nb, ts[2] / nb, ts[3] / nb)
+        qs = _four_sums(x, b, n, mbs, True, acc)
+        w = nb / (0.0 + nb)
+        z = (0.0 * nb) / (0.0 + nb)
+        ms = (0.0 + (mbs[0] - 0.0) * w, 0.0 + (mbs[1] - 0.0) * w,
+              0.0 + (mbs[2] - 0.0) * w, 0.0 + (mbs[3] - 0.0) * w)
+        q = (0.0 + qs[0] + (mbs[0] - 0.0) * (mbs[0] - 0.0) * z,
+             0.0 + qs[1] + (mbs[1] - 0.0) * (mbs[1] - 0.0) * z,
+             0.0 + qs[2] + (mbs[2] - 0.0) * (mbs[2] - 0.0) * z,
+             0.0 + qs[3] + (mbs[3] - 0.0) * (mbs[3] - 0.0) * z)
+    else:
+        ms = zero
+        qs = _four_sums(x, b, n, zero, True, acc)
+        q = (0.0 + qs[0], 0.0 + qs[1], 0.0 + qs[2], 0.0 + qs[3])
+    ok = (ms[0] - ms[0] == 0.0 and q[0] - q[0] == 0.0,
+          ms[1] - ms[1] == 0.0 and q[1] - q[1] == 0.0,
+          ms[2] - ms[2] == 0.0 and q[2] - q[2] == 0.0,
+          ms[3] - ms[3] == 0.0 and q[3] - q[3] == 0.0)
+    vs = (q[0] / nb, q[1] / nb, q[2] / nb, q[3] / nb)
+    return ms, vs, ok
 
 
 @inlined
@@ -268,14 +387,13 @@ def _normalize_row(x, st, n, eps, center, acc, out, status, r):
     row = x[st:st + n]
     orow = out[st:st + n]
     if s == 1.0:
-        for i in range(np.uint64(n)):
-            orow[i] = (row[i] - m) * inv
+        _scale_row(row, m, inv, orow)
     else:
         for i in range(np.uint64(n)):
             orow[i] = (row[i] * s - m) * inv
 
 
-@kernel
+@kernel(scale=_ROW_SCALE)
 def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem, G, cpg, S,
                           check, out, status):
     """:func:`normalize_rows` followed by an affine map, fused:
@@ -291,24 +409,47 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
     facade sets it when ``max|w| * sqrt(n) + max|b|`` could exceed the float64 range
     (``|xhat| <= sqrt(n)``).
     """
-    nblk = min(rows, 256)
-    per = (rows + nblk - 1) // nblk
+    per = 4 * max(1, (rows + 1023) // 1024)    # as in normalize_rows
+    nblk = (rows + per - 1) // per
     for blk in prange(nblk):
-        acc = np.empty(lanes)
-        for r in range(blk * per, min(rows, (blk + 1) * per)):
-            _normalize_row_affine(x, r, n, eps, center, acc, w, b, has_b, per_elem, G, cpg,
-                                  S, check, out, status)
+        acc = np.empty(4 * lanes)
+        r0 = blk * per
+        r1 = min(rows, (blk + 1) * per)
+        r = r0
+        if n <= _CHUNK:
+            while r + 4 <= r1:
+                ms, vs, ok = _four_stats(x, r * n, n, center, acc)
+                for j in range(4):
+                    if ok[j]:
+                        status[r + j] = OK
+                        _affine_row_out(x, r + j, n, ms[j], _inv_std(vs[j], eps, 1.0), 1.0,
+                                        w, b, has_b, per_elem, G, cpg, S, check, out,
+                                        status)
+                    else:
+                        _normalize_row_affine(x, r + j, n, eps, center, acc[:lanes], w, b,
+                                              has_b, per_elem, G, cpg, S, check, out, status)
+                r += 4
+        while r < r1:
+            _normalize_row_affine(x, r, n, eps, center, acc[:lanes], w, b, has_b, per_elem,
+                                  G, cpg, S, check, out, status)
+            r += 1
 
 
 @inlined
 def _normalize_row_affine(x, r, n, eps, center, acc, w, b, has_b, per_elem, G, cpg, S, check,
                           out, status):
-    st = r * n
-    s, m, v, code = _group_stats(x, st, 1, n, n, center, acc)
+    s, m, v, code = _group_stats(x, r * n, 1, n, n, center, acc)
     status[r] = code
     if code != OK:
         return
-    inv = _inv_std(v, eps, s)
+    _affine_row_out(x, r, n, m, _inv_std(v, eps, s), s, w, b, has_b, per_elem, G, cpg, S,
+                    check, out, status)
+
+
+@inlined
+def _affine_row_out(x, r, n, m, inv, s, w, b, has_b, per_elem, G, cpg, S, check, out, status):
+    """Row ``r``'s output of :func:`normalize_rows_affine` from its statistics."""
+    st = r * n
     row = x[st:st + n]
     orow = out[st:st + n]
     if per_elem:
