@@ -167,7 +167,9 @@ def test_packing_compiles_one_specialisation_for_writable_and_read_only_operands
         import numpy as np
         from hmath_dl._kernels import gemm_f64 as G
         rng = np.random.default_rng(0)
-        for M, K, N in [(7, 30, 33), (300, 300, 300)]:       # serial and parallel packs
+        # serial and parallel packs; a read in place (K = 30, 300) or packed (rows 4 KiB
+        # apart: K = 512 row-major, M = 512 transposed)
+        for M, K, N in [(7, 30, 33), (300, 300, 300), (13, 512, 40), (512, 30, 20)]:
             a = rng.standard_normal((M, K))
             b = rng.standard_normal((K, N))
             ra, rb = a.copy(), b.copy()
@@ -181,7 +183,7 @@ def test_packing_compiles_one_specialisation_for_writable_and_read_only_operands
                 xt.flags.writeable = x.flags.writeable
                 assert G.matmul(xt.T, b).tobytes() == want.tobytes()
                 assert G.matmul(a, np.ascontiguousarray(b.T).T).tobytes() == want.tobytes()
-        for k in (G._pack_a, G._pack_b, G._pack_at, G._pack_bt):
+        for k in (G._pack_a, G._pack_b, G._pack_at, G._pack_bt, G.gemm_tiled):
             for sig in k.span.signatures:   # span kernels: one compilation for both paths
                 print(k.__name__, sig[0].mutable)
     """)
@@ -191,7 +193,7 @@ def test_packing_compiles_one_specialisation_for_writable_and_read_only_operands
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.split()
     names = lines[0::2]
-    assert set(names) == {"_pack_a", "_pack_b", "_pack_at", "_pack_bt"}
+    assert sorted(names) == ["_pack_a", "_pack_at", "_pack_b", "_pack_bt", "gemm_tiled"]
     assert set(lines[1::2]) == {"False"}, out.stdout      # every source typed read-only
 
 

@@ -446,7 +446,7 @@ def prefetch_read(typingctx, a, i):
     return sig, codegen
 
 
-def _make_micro_acc(CB, V, f32=False, fused=True, widen=False):
+def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
     """The continuing micro-kernel of the float GEMMs: a CB x ``L*V`` tile of ``c``
     (rows ``cbase + j*cstride``, j < CB; ``L`` lanes per vector: ``VW`` float64, or
     ``2*VW`` float32 when ``f32``) is loaded into CB*V vector accumulators (or, when
@@ -470,8 +470,15 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False):
     ``widen`` (float32 only): the chain's last chunk.  The tile is not stored back into
     ``cf`` but widened, exactly, to float64 rows ``of[obase + j*ostride ...]`` (three more
     arguments ``(of, obase, ostride)`` after ``pfbase``, ``of`` a float64 array), and the
-    intrinsic returns 1 if a stored value is NaN or +-inf, else 0 (int64)."""
+    intrinsic returns 1 if a stored value is NaN or +-inf, else 0 (int64).
+
+    ``astrided`` (not with ``widen``): ``a`` is read where it lies, two more arguments
+    ``(ak, aj)`` after ``pfbase`` giving ``a[kk, j] = apk[abase + kk*ak + j*aj]`` (a
+    packed block is ``ak = CB, aj = 1``; rows of a row-major ``a`` are ``ak = 1,
+    aj = lda``; the transpose of a row-major array ``ak = lda, aj = 1``).  The same
+    operations in the same order: only the addresses differ."""
     assert f32 or not widen
+    assert not (widen and astrided)
     nbt = types.float32 if f32 else types.float64
     lanes = 2 * _VW if f32 else _VW
     ety = llvm_ir.FloatType() if f32 else llvm_ir.DoubleType()
@@ -490,6 +497,10 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False):
             return None
         i64t = types.int64
         head = (bf, i64t, i64t, apk, i64t, i64t, cf, i64t, i64t, types.boolean, i64t)
+        if astrided:
+            if not (len(wide_args) == 2 and _accepts(ints=wide_args)):
+                return None
+            return types.void(*head, i64t, i64t)
         if not widen:
             return None if wide_args else types.void(*head)
         if not (len(wide_args) == 3 and _accepts(f64=wide_args[:1], ints=wide_args[1:])):
@@ -531,13 +542,24 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False):
                     _prefetch(builder, builder.gep(prow, [llvm_ir.Constant(_I64, line)]))
             pb0 = builder.gep(bd, [bb])
             pa0 = builder.gep(ad, [ab])
+            if astrided:   # one pointer per row of a, advanced by ak per term
+                akv = context.cast(builder, args[11], t[11], types.int64)
+                ajv = context.cast(builder, args[12], t[12], types.int64)
+                arows = [builder.gep(pa0, [builder.mul(llvm_ir.Constant(_I64, j), ajv)])
+                         for j in range(CB)]
             with cgutils.for_range(builder, nkv) as loop:
                 kk = loop.index
                 pb = builder.gep(pb0, [builder.mul(kk, bs)])
                 xs = [builder.load(vptr(builder, pb, v * lanes), align=al) for v in range(V)]
-                pa = builder.gep(pa0, [builder.mul(kk, llvm_ir.Constant(_I64, CB))])
+                if astrided:
+                    ka = builder.mul(kk, akv)
+                else:
+                    pa = builder.gep(pa0, [builder.mul(kk, llvm_ir.Constant(_I64, CB))])
                 for j in range(CB):
-                    x = builder.load(builder.gep(pa, [llvm_ir.Constant(_I64, j)]))
+                    if astrided:
+                        x = builder.load(builder.gep(arows[j], [ka]))
+                    else:
+                        x = builder.load(builder.gep(pa, [llvm_ir.Constant(_I64, j)]))
                     sp = builder.shuffle_vector(builder.insert_element(undef, x, lane0),
                                                 undef, zmask)
                     for v in range(V):
@@ -582,6 +604,12 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False):
                   pfbase, of, obase, ostride):
             return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
                                   cstride, first, pfbase, of, obase, ostride)
+    elif astrided:
+        @intrinsic
+        def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
+                  pfbase, ak, aj):
+            return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
+                                  cstride, first, pfbase, ak, aj)
     else:
         @intrinsic
         def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,

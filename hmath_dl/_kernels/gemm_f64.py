@@ -40,10 +40,10 @@ _MC = 16 * _CB              # rows per parallel panel (96)
 
 _interleave6 = _make_interleave(_CB)
 _T = _ROW_MAXV * _VW         # widest register tile (32 columns on AVX-512, 8 on AVX2)
-_mv1 = _make_micro_acc(_CB, 1)
-_mv2 = _make_micro_acc(_CB, 2) if _ROW_MAXV >= 2 else _mv1
-_mv3 = _make_micro_acc(_CB, 3) if _ROW_MAXV >= 3 else _mv2
-_mv4 = _make_micro_acc(_CB, 4) if _ROW_MAXV >= 4 else _mv3
+_mv1 = _make_micro_acc(_CB, 1, astrided=True)
+_mv2 = _make_micro_acc(_CB, 2, astrided=True) if _ROW_MAXV >= 2 else _mv1
+_mv3 = _make_micro_acc(_CB, 3, astrided=True) if _ROW_MAXV >= 3 else _mv2
+_mv4 = _make_micro_acc(_CB, 4, astrided=True) if _ROW_MAXV >= 4 else _mv3
 
 
 _TASKS_PER_THREAD = 4        # a parallel product is cut into at least this many tasks per thread
@@ -81,10 +81,15 @@ def _tasks(M, N, T, nb=1, threads=1):
 
 
 @helper
-def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
+def _panel(apk, astep, ak, aj, aedge, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
     """The register-tiled chains of one task: output rows of the 6-row blocks
     ``b0 .. b1-1`` times the columns of the tiles ``t0 .. t1-1`` of the product whose
     ``b`` panels start at ``bpk[bb]`` and whose output row ``m`` starts at ``c[cc + m*ldc]``.
+
+    ``a[blk*6 + j, k] = apk[blk*astep + k*ak + j*aj]``: packed (``astep = 6K, ak = 6,
+    aj = 1``) or read where it lies (:func:`a_operand`); a non-empty ``aedge`` holds the
+    row-edge block packed (``[K, 6]``, zero rows past ``M``), which a direct ``a`` does
+    not have.
 
     BLIS's order: K in chunks of ``_KC`` terms; per chunk one tile's chunk of b (KC x T,
     in L1) meets every 6-row block of the task's chunk of a (from L2), then the next
@@ -108,7 +113,16 @@ def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
         for tile in range(t0, t1):
             bbase = bb + (tile * K + k0) * T
             for blk in range(b0, b1):
-                ab = (blk * K + k0) * _CB
+                if blk == redge and aedge.size:
+                    asrc = aedge
+                    ab = k0 * _CB
+                    sk = _CB
+                    sj = 1
+                else:
+                    asrc = apk
+                    ab = blk * astep + k0 * ak
+                    sk = ak
+                    sj = aj
                 if tile == cedge or blk == redge:
                     # an edge tile: its chains live in scr (rows of T)
                     dst = scr
@@ -124,13 +138,13 @@ def _panel(apk, bpk, bb, c, cc, ldc, M, N, K, T, b0, b1, t0, t1, scr):
                           else cc + b0 * _CB * ldc + (tile + 1) * T)
                 vt = VE if tile == cedge else V
                 if vt == 4:
-                    _mv4(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv4(bpk, bbase, T, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
                 elif vt == 3:
-                    _mv3(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv3(bpk, bbase, T, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
                 elif vt == 2:
-                    _mv2(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv2(bpk, bbase, T, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
                 else:
-                    _mv1(bpk, bbase, T, apk, ab, nk, dst, cb, cs, first, pf)
+                    _mv1(bpk, bbase, T, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
 
 
 @helper
@@ -181,14 +195,16 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
 
 
 @span_kernel()
-def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, pm, pn, bias, mode, bad, t0, t1):
+def gemm_tiled(apk, astep, ak, aj, aedge, bpk, bstep, c, cstep, ldc, M, N, K, T, pm, pn, bias,
+               mode, bad, t0, t1):
     """For every batch ``i``: ``c_i [M, N] = a @ b_i`` by the specification above, then
     ``+ bias`` (``mode`` 0: none, 1: ``bias[m]`` per row, 2: ``bias[n]`` per column, 3:
     none and no count), into
     ``c[i*cstep + m*ldc + n]`` (only those elements are written: no padding in ``c``);
     ``bad[task]`` = the number of non-finite outputs of each task.  K > 0.
 
-    ``apk`` is ``a [M, K]`` packed as ``[ceil(M/6), K, 6]`` (zero rows past ``M``),
+    ``apk`` is ``a [M, K]`` packed as ``[ceil(M/6), K, 6]`` (zero rows past ``M``;
+    ``astep, ak, aj = 6K, 6, 1``), or ``a`` where it lies (:func:`a_operand`),
     ``bpk`` holds each ``b_i [K, N]`` at ``i*bstep``, packed as ``[ceil(N/T), K, T]`` (T
     the tile width, zero columns past ``N``), so both operands stream contiguously.  A
     span kernel over the tasks (batch, one of ``pm`` near-equal runs of the 6-row blocks,
@@ -209,7 +225,8 @@ def gemm_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, pm, pn, bias, mode, b
         tb1 = (rn + 1) * ntile // pn
         edges = b0 <= redge < b1 or tb0 <= cedge < tb1
         scr = np.empty(((tb1 - tb0) + (b1 - b0)) * _CB * T if edges else 0)
-        _panel(apk, bpk, i * bstep, c, i * cstep, ldc, M, N, K, T, b0, b1, tb0, tb1, scr)
+        _panel(apk, astep, ak, aj, aedge, bpk, i * bstep, c, i * cstep, ldc, M, N, K, T, b0, b1,
+               tb0, tb1, scr)
         if edges or mode != 3:
             bad[t] = _finish(c, i * cstep, ldc, M, N, T, b0, b1, tb0, tb1, scr, bias, mode)
 
@@ -414,19 +431,51 @@ def pack_a(a, packs=False):
     return apk
 
 
+def a_operand(a):
+    """``a [M, K]`` (M >= 6, K > 0) for :func:`gemm_tiled` to read where it lies:
+    ``(flat, astep, ak, aj, aedge)``, or None when it is to be packed (:func:`pack_a`).
+
+    A C-contiguous ``a`` is read along its rows (``ak = 1, aj = K``), the transpose of a
+    C-contiguous array (``x.T`` in a weight gradient) along its columns (``ak = M,
+    aj = 1``); the last block's ``M % 6`` rows are packed into ``aedge``.  Packing a cost
+    a pass over it from wherever the previous operation left it (in the transformer
+    step, ~40 us per 1024 x 64 operand, a fifth of the product); read in place, the
+    micro-kernel's loads stream it instead.  Kept packed: rows a multiple of 4 KiB apart
+    (their lines share L1 sets) and any other layout."""
+    M, K = a.shape
+    if a.flags.c_contiguous:
+        flat, astep, ak, aj, ld = a.reshape(-1), _CB * K, 1, K, K
+    elif a.T.flags.c_contiguous:
+        flat, astep, ak, aj, ld = a.T.reshape(-1), _CB, M, 1, M
+    else:
+        return None
+    if ld % 512 == 0:
+        return None
+    e = M % _CB
+    aedge = _workspace("ae", K * _CB if e else 0)
+    if e:
+        blk = aedge.reshape(K, _CB)
+        blk[:, :e] = a[M - e:].T
+        blk[:, e:] = 0.0
+    return readonly(flat), astep, ak, aj, readonly(aedge)
+
+
 def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_axis=0,
-              count=True):
+              count=True, a_where=None):
     """Launch :func:`gemm_tiled` over every task (serially below ``_SERIAL_FMAS``
-    multiply-adds): ``nb`` products of the packed ``a`` with the packed ``b_i`` into the
-    flat ``c``, plus ``bias`` along output axis ``bias_axis`` (0: one value per row, 1:
-    per column).  Returns the number of non-finite outputs (0 without ``count`` and
-    ``bias``: not counted).  K > 0."""
+    multiply-adds): ``nb`` products of the packed ``a`` (or, given ``a_where`` from
+    :func:`a_operand`, ``a`` where it lies; ``apk`` is then ignored) with the packed
+    ``b_i`` into the flat ``c``, plus ``bias`` along output axis ``bias_axis`` (0: one
+    value per row, 1: per column).  Returns the number of non-finite outputs (0 without
+    ``count`` and ``bias``: not counted).  K > 0."""
     mode = (0 if count else 3) if bias is None else 1 + int(bias_axis)
     small = runs_serial(nb * M * N * K < _SERIAL_FMAS)
     pm, pn, tasks = _tasks(M, N, T, nb, 1 if small else numba.get_num_threads())
     bad = np.zeros(tasks, dtype=np.int64)
-    gemm_tiled.run(tasks, 0 if small else gemm_tiled.limit, apk, bpk, bstep, c, cstep, ldc,
-                   M, N, K, T, pm, pn, _NO_BIAS if bias is None else bias, mode, bad)
+    if a_where is None:     # read-only views: one compiled type for both forms of a
+        a_where = (readonly(apk), K * _CB, _CB, 1, readonly(apk[:0]))
+    gemm_tiled.run(tasks, 0 if small else gemm_tiled.limit, *a_where, bpk, bstep, c, cstep,
+                   ldc, M, N, K, T, pm, pn, _NO_BIAS if bias is None else bias, mode, bad)
     return int(bad.sum())
 
 
@@ -477,7 +526,8 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
             return out, int(out.size - np.count_nonzero(np.isfinite(out)))
     T = tile_width(N)
     packs = M * N * K < _SERIAL_FMAS or M * K + K * N < (1 << 16)   # copies too small to split
-    apk = pack_a(a, packs)
+    a_where = a_operand(a)
+    apk = pack_a(a, packs) if a_where is None else None
     bpk = _workspace("b", -(-N // T) * K * T)
     # b given as the transpose of a C-contiguous array (w.T in dense, cols.T in the
     # convolution gradient): pack from that array's rows instead of copying b first
@@ -487,7 +537,7 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
         _pack_b.when_small(packs)(readonly(np.ascontiguousarray(b)), bpk, K, T)
     c = out if out.flags.c_contiguous else np.empty((M, N))
     bad = run_tiled(apk, bpk, 0, c.reshape(-1), 0, N, M, N, K, T, 1, bias,
-                    0 if bias_axis == 0 else 1, count)
+                    0 if bias_axis == 0 else 1, count, a_where)
     if c is not out:
         out[...] = c
     return out, bad
