@@ -226,3 +226,16 @@ def test_panel_packing_is_the_documented_layout(K, N):
         with forced_schedule(schedule):
             G._pack_at(at, got, kk)
         assert got.tobytes() == want.reshape(-1).tobytes()
+
+
+def test_a_read_in_place_and_an_output_over_it():
+    """``a`` is read where it lies (row-major, or the transpose of a row-major array,
+    with a packed row-edge block) -- and packed when the output overlaps it."""
+    for M, K in [(6, 7), (13, 40), (100, 64), (31, 512)]:
+        a, b = _rnd((M, K), M), _rnd((K, K), K)
+        want = ref.matmul_2d(a, b).tobytes()
+        assert G.matmul(a, b, tiled=True).tobytes() == want
+        assert G.matmul(np.ascontiguousarray(a.T).T, b, tiled=True).tobytes() == want
+        inplace = a.copy()
+        G.matmul(inplace, b, out=inplace, tiled=True)
+        assert inplace.tobytes() == want

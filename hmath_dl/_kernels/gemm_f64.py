@@ -526,7 +526,8 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
             return out, int(out.size - np.count_nonzero(np.isfinite(out)))
     T = tile_width(N)
     packs = M * N * K < _SERIAL_FMAS or M * K + K * N < (1 << 16)   # copies too small to split
-    a_where = a_operand(a)
+    # a read in place must not be the output (c is written while a is read)
+    a_where = None if np.may_share_memory(out, a) else a_operand(a)
     apk = pack_a(a, packs) if a_where is None else None
     bpk = _workspace("b", -(-N // T) * K * T)
     # b given as the transpose of a C-contiguous array (w.T in dense, cols.T in the
