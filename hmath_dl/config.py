@@ -71,7 +71,7 @@ name                           value  module                  decides
 ``SERIAL_GEMM_WORK``           2**24  precision.quantization  ``int8_gemm``: one Numba thread
                                                               up to this many multiply-adds
 *path*
-``_FUSE_WINDOW``               2**17  _kernels.conv           forward path ``rows_fused``
+``_FUSE_WINDOW``               2**17  _kernels.conv_plan      forward path ``rows_fused``
                                                               copies its own input windows
                                                               up to this many float64
                                                               elements, else ``rows`` on a
@@ -125,7 +125,7 @@ name                           value  module                  decides
                                                               tiles per task
 ``_SK_TASKS``                  8      _kernels.quant          int8 GEMM ``skinny``: about
                                                               this many k ranges (tasks)
-``_ROW_POSITIONS``             192    _kernels.conv           row kernel: output positions
+``_ROW_POSITIONS``             192    _kernels.conv_plan      row kernel: output positions
                                                               per iteration (about; fewer
                                                               while there are less than 4
                                                               iterations per thread)
@@ -140,7 +140,7 @@ name                           value  module                  decides
 =============================  =====  ======================  ================================
 
 A few plan tests compare with tile shapes rather than a named size (the convolution paths'
-channels per group, ``_kernels.conv.forward_path``; ``_kernels.gemm_f64.gemm`` packing
+channels per group, ``_kernels.conv_plan.forward_path``; ``_kernels.gemm_f64.gemm`` packing
 serially when ``M*K + K*N < 2**16``); they are not listed.
 """
 
@@ -191,7 +191,8 @@ def describe() -> str:
 #: those modules; importing this one imports no kernel.
 THRESHOLDS = {f"{module}.{name}": module for module, names in (
     ("config", ("SERIAL_WORK",)),
-    ("_kernels.conv", ("_FMA_PER_ELEMENT", "_FUSE_WINDOW", "_ROW_POSITIONS")),
+    ("_kernels.conv", ("_FMA_PER_ELEMENT",)),
+    ("_kernels.conv_plan", ("_FUSE_WINDOW", "_ROW_POSITIONS")),
     ("_kernels.gemm_f64", ("_SERIAL_FMAS", "_TASKS_PER_THREAD", "_WS_MAX")),
     ("precision.half", ("_SERIAL_GEMM_WORK", "_SERIAL_TILED_WORK")),
     ("precision.quantization", ("SERIAL_QUANTIZE_ELEMENTS", "SERIAL_GEMM_WORK", "SKINNY_MAX")),

@@ -12,7 +12,7 @@ import pytest
 import hmath_dl.layers as L
 from hmath_dl import autodiff as ad
 from hmath_dl.errors import NonFiniteError, NumericOverflow
-from hmath_dl._kernels import conv as K, conv_batch
+from hmath_dl._kernels import conv_batch, conv_plan as K
 from hmath_dl._kernels._cpu import machine
 from hmath_dl._kernels._jit import forced_schedule
 from hmath_dl._kernels.backward import col2im

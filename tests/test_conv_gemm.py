@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hmath_dl._kernels import _cpu
-from hmath_dl._kernels import conv as K
+from hmath_dl._kernels import conv_plan as K
 from hmath_dl._kernels import gemm_f64 as G
 from hmath_dl.errors import NonFiniteError, NumericOverflow
 from hmath_dl.layers import ConvOptions, convolution

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hmath_dl._kernels.conv import conv_nd, conv_transpose_nd, conv_weight_grad_nd
+from hmath_dl._kernels.conv_plan import conv_nd, conv_transpose_nd, conv_weight_grad_nd
 from hmath_dl.errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
 from hmath_dl.layers import (ConvOptions, convolution, depthwise_convolution,
                              transposed_convolution)
@@ -243,7 +243,7 @@ def test_register_tiled_kernel_gives_the_generic_kernels_bits(c, t):
     """The tiled micro-kernels (strided convolutions through the phase split) and the
     generic direct kernel sum the same terms in the same order (one fused multiply-add
     each), so they must agree bit for bit."""
-    from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import conv as K, conv_plan as P
     from hmath_dl._kernels import views as V
     x, w, b = c["x"], c["w"], c["bias"]
     p3 = V.pad3(c["p"], 0)
@@ -261,7 +261,7 @@ def test_register_tiled_kernel_gives_the_generic_kernels_bits(c, t):
     tiled = conv_transpose_nd(x, w, b, t["s"], t["p"], t["d"], t["op"], groups)
     windows = np.empty_like(tiled)
     bb = np.asarray(b, dtype=np.float64) if b is not None else np.zeros(1)
-    K._conv_transpose_windows(V.writeable5(x), V.writeable5(w), bb, b is not None,
+    P._conv_transpose_windows(V.writeable5(x), V.writeable5(w), bb, b is not None,
                               V.pad3(t["s"], 1), V.pad3(t["p"], 0), V.pad3(t["d"], 1),
                               V.pad3(O, 1), groups, windows, V.out5(windows))
     assert tiled.tobytes() == windows.tobytes()
@@ -283,7 +283,7 @@ def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, w
     each run's input window itself -- or, when the window is too large (``fuse`` False),
     reading a padded copy; either way it must agree bit for bit with the generic direct
     kernel."""
-    from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import conv as K, conv_plan as P
     from hmath_dl._kernels import views as V
     g = np.random.default_rng(13)
     x, w = g.standard_normal(xs), g.standard_normal(ws)
@@ -292,7 +292,7 @@ def test_row_tiled_kernel_gives_the_generic_kernels_bits(xs, ws, p, d, groups, w
     x5 = V.writeable5(x)
     xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
     xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
-    with K.forced_path(None if fuse else "rows"):       # "rows": the row kernel on a copy
+    with P.forced_path(None if fuse else "rows"):       # "rows": the row kernel on a copy
         tiled = conv_nd(x, w, b, (1,) * len(p), p, d, groups)
     generic = np.empty_like(tiled)
     K.conv_forward(xp, V.writeable5(w), b if b is not None else np.zeros(1), b is not None,
@@ -315,7 +315,7 @@ def test_strided_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, grou
     stride phases of its own input windows (or, with ``fuse`` False, reads the phase
     split of :func:`pad_split`); either way the bytes of the generic direct kernel, and
     the oracle's numbers."""
-    from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import conv as K, conv_plan as P
     from hmath_dl._kernels import views as V
     g = np.random.default_rng(18)
     x, w, b = g.standard_normal(xs), g.standard_normal(ws), g.standard_normal(ws[0])
@@ -323,7 +323,7 @@ def test_strided_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, grou
     x5 = V.writeable5(x)
     xp = np.zeros(x5.shape[:2] + tuple(x5.shape[2 + a] + 2 * p3[a] for a in range(3)))
     xp[:, :, p3[0]:p3[0] + x5.shape[2], p3[1]:p3[1] + x5.shape[3], p3[2]:p3[2] + x5.shape[4]] = x5
-    with K.forced_path(None if fuse else "rows"):       # "rows": the row kernel on the split
+    with P.forced_path(None if fuse else "rows"):       # "rows": the row kernel on the split
         got = conv_nd(x, w, b, s, p, d, groups)
     assert got.shape[-1] >= 16
     generic = np.empty_like(got)
@@ -337,7 +337,7 @@ def test_strided_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, grou
 BOUNDS_CASES = """
 import sys
 import numpy as np
-from hmath_dl._kernels.conv import conv_nd, conv_transpose_nd
+from hmath_dl._kernels.conv_plan import conv_nd, conv_transpose_nd
 g = np.random.default_rng(14)
 outs = [
     # a transposed phase shorter than the others, at the very end of the input
@@ -406,7 +406,7 @@ def test_row_tiled_kernel_reports_a_single_overflowing_output(col):
 
 GENERIC_CASES = """
 import numpy as np
-from hmath_dl._kernels.conv import conv_nd, conv_transpose_nd
+from hmath_dl._kernels.conv_plan import conv_nd, conv_transpose_nd
 g = np.random.default_rng(15)
 x = g.standard_normal((2, 4, 11, 37))
 w = g.standard_normal((12, 2, 3, 3))
@@ -453,7 +453,7 @@ def test_nonfinite_input_raises_whatever_the_kernel_path(bad, where, path):
     every phase used); a single NaN/inf anywhere must raise NonFiniteError naming x and
     its index -- also where no output reads it (rows 2 and 3 between the two dilated taps
     of "rows"; odd rows and columns of the 1x1 stride-2 "split, one phase")."""
-    from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import conv as K, conv_plan as P
     x = np.random.default_rng(17).standard_normal((2, 3, 6, 17))
     x[where] = bad
     w, opts = {"rows": (np.ones((7, 3, 2, 3)), ConvOptions(1, (1, 1), (5, 1))),
@@ -461,7 +461,7 @@ def test_nonfinite_input_raises_whatever_the_kernel_path(bad, where, path):
                "split": (np.ones((6, 3, 3, 3)), ConvOptions(2, 1, 1)),
                "split, one phase": (np.ones((6, 3, 1, 1)), ConvOptions(2, 0, 1))}[path]
     # "padded copy": the row kernel on a padded copy of x, not on windows it pads itself
-    with K.forced_path("rows" if path == "padded copy" else None):
+    with P.forced_path("rows" if path == "padded copy" else None):
         with pytest.raises(NonFiniteError, match=r"^convolution: x contains .* at index %s" %
                            re.escape(str(where))):
             convolution(opts, x, w, None)
@@ -500,12 +500,12 @@ def test_two_phase_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, op
     over all channels by the channel-vector kernel, in chunks of 64/32/16/8 channels;
     tiles near the end of the input by the scalar chain); it must give the generic
     kernel's bytes and match the oracle."""
-    from hmath_dl._kernels import conv as K
+    from hmath_dl._kernels import conv as K, conv_plan as P
     from hmath_dl._kernels import views as V
     g = np.random.default_rng(16)
     x, w = g.standard_normal(xs), g.standard_normal(ws)
     b = g.standard_normal(ws[1] * groups)
-    geo = K._transpose_geometry(
+    geo = P._transpose_geometry(
         V.pad3(xs[2:], 1), V.pad3(ws[2:], 1), V.pad3(s, 1), V.pad3(p, 0), V.pad3(d, 1),
         V.pad3(tuple((xs[2 + a] - 1) * s[a] - 2 * p[a] + d[a] * (ws[2 + a] - 1) + op[a] + 1
                      for a in range(len(s))), 1), groups, xs[1] // groups, ws[1])
@@ -513,7 +513,7 @@ def test_two_phase_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, op
     got = conv_transpose_nd(x, w, b, s, p, d, op, groups)
     windows = np.empty_like(got)
     O = got.shape[2:]
-    K._conv_transpose_windows(V.writeable5(x), V.writeable5(w), b, True, V.pad3(s, 1),
+    P._conv_transpose_windows(V.writeable5(x), V.writeable5(w), b, True, V.pad3(s, 1),
                               V.pad3(p, 0), V.pad3(d, 1), V.pad3(O, 1), groups, windows,
                               V.out5(windows))
     assert got.tobytes() == windows.tobytes()
@@ -724,7 +724,7 @@ def test_bitwise_identical_for_1_and_2_threads_and_for_serial_twins(monkeypatch)
         import sys
         import numpy as np
         from hmath_dl.layers import ConvOptions, convolution, transposed_convolution, depthwise_convolution
-        from hmath_dl._kernels.conv import conv_weight_grad_nd
+        from hmath_dl._kernels.conv_plan import conv_weight_grad_nd
         g = np.random.default_rng(0)
         x = g.standard_normal((3, 8, 20, 19))
         w = g.standard_normal((12, 4, 3, 3))

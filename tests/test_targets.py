@@ -22,7 +22,7 @@ _SCRIPT = textwrap.dedent("""
     import hashlib
     import numpy as np
     from hmath_dl import layers as L
-    from hmath_dl._kernels import _cpu, conv as K
+    from hmath_dl._kernels import _cpu, conv_plan as K
 
     g = np.random.default_rng(0)
     fwd = []

@@ -6,7 +6,7 @@ order inside one ``prange`` iteration, so results are bitwise identical for any 
 count; nothing is ever accumulated into a shared array from ``prange``.  All arrays are
 C-contiguous float64 (int64 for indices) with consistent shapes; nothing is validated.
 
-The convolution gradients are Layers II's kernels (``_kernels/conv.py``:
+The convolution gradients are Layers II's entry points (``_kernels/conv_plan.py``:
 ``conv_transpose_nd`` for the input, ``conv_weight_grad_nd`` for the weights).
 """
 

@@ -235,7 +235,7 @@ def transposed_convolution_ad(output_padding, options, x, w, bias):
 def _vjp_transposed_convolution(g, node, needs):
     # y = conv^T(x, w): x plays the role of a convolution's output and y of its input, so
     # dx = conv(g, w) and dw is the weight gradient of conv(g -> x-shaped) with cotangent x.
-    from .._kernels.conv import conv_nd
+    from .._kernels.conv_plan import conv_nd
     x, w = node.parents[0], node.parents[1]
     s, p, d, groups, _ = node.ctx
     g = _c(g)

@@ -3,7 +3,8 @@ its adjoint (transposed convolution) and depthwise convolution (seed: HMath.Deep
 
 Layout ``x [N, C, *spatial]`` with 1-3 spatial axes; symmetric zero padding.  The
 kernels live in :mod:`hmath_dl._kernels.conv` (direct summation, no FFT/Winograd, no
-BLAS; bitwise identical for any thread count).
+BLAS; bitwise identical for any thread count), the plan that picks one for a shape in
+``hmath_dl._kernels.conv_plan``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Tuple, Union
 import numpy as np
 
 from .. import _checks
-from .._kernels.conv import conv_nd, conv_transpose_nd
+from .._kernels.conv_plan import conv_nd, conv_transpose_nd
 from ..errors import DomainError, ShapeError
 
 __all__ = ["ConvOptions", "convolution", "transposed_convolution", "depthwise_convolution"]
