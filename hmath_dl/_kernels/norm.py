@@ -11,9 +11,9 @@ starting at ``base + j * segstride`` of the flat input:
 * weight norm: group ``i`` is slice ``i`` of ``[P, A, Q]`` along the middle axis
   (``nseg = P``, ``base = i * Q``, ``segstride = A * Q``, ``seglen = Q``).
 
-The affine options of layer / RMS / group / instance norm run
-:func:`normalize_rows_affine`: the same statistics and ``xhat`` as
-:func:`normalize_rows`, then ``(xhat * w) + b`` in the same pass (two roundings).
+Layer / RMS / group / instance norm run :func:`normalize_rows_affine`: the statistics,
+``xhat``, then ``(xhat * w) + b`` in the same pass (two roundings); without an affine
+map ``w`` is all ones and there is no ``b`` (``xhat * 1.0`` is ``xhat`` exactly).
 
 Determinism: each group is reduced entirely inside one ``prange`` iteration, in a fixed
 order (fast path: ``lanes`` interleaved partial sums per chunk, added in order;
@@ -245,51 +245,6 @@ def _inv_std(v, eps, s):
     return 1.0 / math.sqrt(t)
 
 
-@kernel(scale=_ROW_SCALE)
-def normalize_rows(x, rows, n, eps, center, lanes, out, status):
-    """Row-wise normalisation of the C-contiguous ``[rows, n]`` array ``x`` (flat).
-
-    ``center=True``: ``out = (x - mean) / sqrt(var + eps)`` (population variance) —
-    layer, instance and group norm.  ``center=False``: ``out = x / sqrt(mean(x*x) + eps)``
-    — RMS norm.  ``status[r]`` receives the row's status code.
-
-    Rows of at most ``_CHUNK`` elements go four at a time through :func:`_four_stats`
-    (each row's statistics by the same operations as :func:`_group_stats`, so the same
-    bits, the four rows' chains side by side); a row whose sums are not finite, and the
-    last ``per % 4`` rows of a block, take :func:`_normalize_row`.
-    """
-    per = 4 * max(1, (rows + 1023) // 1024)    # rows per block: a multiple of 4, and
-    nblk = (rows + per - 1) // per             # at most 256 blocks
-    for blk in prange(nblk):
-        acc = np.empty(4 * lanes)  # one scratch per block of rows, not per row
-        r0 = blk * per
-        r1 = min(rows, (blk + 1) * per)
-        r = r0
-        if n <= _CHUNK:
-            while r + 4 <= r1:
-                ms, vs, ok = _four_stats(x, r * n, n, center, acc)
-                for j in range(4):
-                    if ok[j]:
-                        status[r + j] = OK
-                        st = (r + j) * n
-                        _scale_row(x[st:st + n], ms[j], _inv_std(vs[j], eps, 1.0),
-                                   out[st:st + n])
-                    else:
-                        _normalize_row(x, (r + j) * n, n, eps, center, acc[:lanes], out,
-                                       status, r + j)
-                r += 4
-        while r < r1:
-            _normalize_row(x, r * n, n, eps, center, acc[:lanes], out, status, r)
-            r += 1
-
-
-@inlined
-def _scale_row(row, m, inv, orow):
-    """``orow = (row - m) * inv`` (the fast path's output of :func:`_normalize_row`)."""
-    for i in range(np.uint64(row.shape[0])):
-        orow[i] = (row[i] - m) * inv
-
-
 @inlined
 def _four_sums(x, b, n, m, sq, acc):
     """For the four rows of length ``n`` at ``b[0..3]``: :func:`_sum` of each
@@ -377,29 +332,17 @@ def _four_stats(x, base, n, center, acc):
     return ms, vs, ok
 
 
-@inlined
-def _normalize_row(x, st, n, eps, center, acc, out, status, r):
-    s, m, v, code = _group_stats(x, st, 1, n, n, center, acc)
-    status[r] = code
-    if code != OK:
-        return
-    inv = _inv_std(v, eps, s)
-    row = x[st:st + n]
-    orow = out[st:st + n]
-    if s == 1.0:
-        _scale_row(row, m, inv, orow)
-    else:
-        for i in range(np.uint64(n)):
-            orow[i] = (row[i] * s - m) * inv
-
-
 @kernel(scale=_ROW_SCALE)
 def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem, G, cpg, S,
                           check, out, status):
-    """:func:`normalize_rows` followed by an affine map, fused:
-    ``out = (xhat * w) + b`` with ``xhat`` bitwise the output of :func:`normalize_rows`
-    (two roundings: the product, then the sum; never a fused multiply-add; without
-    ``has_b`` only the product).
+    """Row-wise normalisation of the C-contiguous ``[rows, n]`` array ``x`` (flat),
+    followed by an affine map, fused: ``out = (xhat * w) + b`` (two roundings: the
+    product, then the sum; never a fused multiply-add; without ``has_b`` only the
+    product; ``w`` all ones for no affine map: ``xhat * 1.0`` is exact).
+
+    ``center=True``: ``xhat = (x - mean) / sqrt(var + eps)`` (population variance) --
+    layer, instance and group norm.  ``center=False``: ``xhat = x / sqrt(mean(x*x) +
+    eps)`` -- RMS norm.  ``status[r]`` receives the row's status code.
 
     ``per_elem`` (layer / RMS norm): ``w``, ``b`` have length ``n``; element ``j`` of
     every row uses ``w[j]``, ``b[j]``.  Otherwise (group / instance norm) the rows are
@@ -408,9 +351,14 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
     ``check``: verify that every output is finite (status OVERFLOW otherwise); the
     facade sets it when ``max|w| * sqrt(n) + max|b|`` could exceed the float64 range
     (``|xhat| <= sqrt(n)``).
+
+    Rows of at most ``_CHUNK`` elements go four at a time through :func:`_four_stats`
+    (each row's statistics by the same operations as :func:`_group_stats`, so the same
+    bits, the four rows' chains side by side); a row whose sums are not finite, and the
+    last ``per % 4`` rows of a block, take :func:`_normalize_row_affine`.
     """
-    per = 4 * max(1, (rows + 1023) // 1024)    # as in normalize_rows
-    nblk = (rows + per - 1) // per
+    per = 4 * max(1, (rows + 1023) // 1024)    # rows per block: a multiple of 4, and
+    nblk = (rows + per - 1) // per             # at most 256 blocks
     for blk in prange(nblk):
         acc = np.empty(4 * lanes)
         r0 = blk * per
@@ -644,5 +592,4 @@ def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
 
 # serial twins (the same functions compiled without threads) for small calls: see
 # Kernel.sized in _jit.py (the names are kept for the tests that run both paths)
-normalize_rows_serial = normalize_rows.twin
 normalize_rows_affine_serial = normalize_rows_affine.twin

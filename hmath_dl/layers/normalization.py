@@ -48,16 +48,8 @@ def _raise_status(fname, status, xa, what="x", unit="row"):
 
 
 def _rows(fname, xa, rows, n, eps, center):
-    from .._kernels.norm import LANES, normalize_rows
-
-    out = _checks.alloc(fname, xa.shape)
-    if out.size == 0:
-        return out
-    status = np.zeros(rows, dtype=np.int8)
-    normalize_rows.sized(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, out.reshape(-1),
-                                  status)
-    _raise_status(fname, status, xa)
-    return out
+    """Normalise ``[rows, n]`` without an affine map (:func:`_rows_affine` with neither)."""
+    return _rows_affine(fname, xa, rows, n, eps, center, None, None, True, 1, n, 1)
 
 
 def _affine_param(fname, name, value, shape, what):
@@ -76,27 +68,30 @@ def _rows_affine(fname, xa, rows, n, eps, center, w, b, per_elem, groups, cpg, s
     """Normalise ``[rows, n]`` and apply ``(xhat * w) + b`` in the same kernel pass.
 
     ``per_elem``: ``w``/``b`` of length ``n`` (layer / RMS norm); otherwise per channel of
-    ``[N, groups * cpg, s]`` (group / instance norm).  ``w`` None means no product, ``b``
-    None no sum.  Falls back to :func:`_rows` when both are None."""
-    if w is None and b is None:
-        return _rows(fname, xa, rows, n, eps, center)
+    ``[N, groups * cpg, s]`` (group / instance norm).  ``w`` None means no product (the
+    kernel multiplies by ones: ``xhat * 1.0`` is ``xhat`` exactly, signs too), ``b`` None
+    no sum: one kernel for every normalisation over rows.  The arrays go to the kernel
+    as read-only views (one compiled specialisation whatever the caller's flags)."""
     from .._kernels.norm import LANES, normalize_rows_affine
+    from .._kernels.views import readonly
 
     out = _checks.alloc(fname, xa.shape)
     if out.size == 0:
         return out
     length = n if per_elem else groups * cpg
-    wk = np.ones(length) if w is None else w.reshape(-1)  # x * 1.0 is exact (signs too)
+    wk = np.ones(length) if w is None else w.reshape(-1)
     has_b = b is not None
     bk = b.reshape(-1) if has_b else np.zeros(length)
     # |xhat| <= sqrt(n): outputs can only leave the float64 range when this bound is huge
-    wmax = float(np.max(np.abs(wk))) if wk.size else 0.0   # max: exact, order-free
-    bmax = float(np.max(np.abs(bk))) if has_b and bk.size else 0.0
-    check = wmax * (n ** 0.5) * 1.001 + bmax > 1.0e300
+    check = False
+    if w is not None or has_b:
+        wmax = float(np.max(np.abs(wk))) if wk.size else 0.0   # max: exact, order-free
+        bmax = float(np.max(np.abs(bk))) if has_b and bk.size else 0.0
+        check = wmax * (n ** 0.5) * 1.001 + bmax > 1.0e300
     status = np.zeros(rows, dtype=np.int8)
-    normalize_rows_affine.sized(xa.size)(xa.reshape(-1), rows, n, eps, center, LANES, wk, bk,
-                                         has_b, per_elem, groups, cpg, s, check,
-                                         out.reshape(-1), status)
+    normalize_rows_affine.sized(xa.size)(readonly(xa.reshape(-1)), rows, n, eps, center,
+                                         LANES, readonly(wk), readonly(bk), has_b, per_elem,
+                                         groups, cpg, s, check, out.reshape(-1), status)
     _raise_status(fname, status, xa)
     return out
 
