@@ -227,6 +227,21 @@ def _padded(x5, pads, slack=False):
     return xp
 
 
+def _tap_phases(K3, s, d):
+    """``(used, P, k, phase)`` of a kernel with extents ``K3``, strides ``s`` and
+    dilations ``d``: the used residues per axis (:func:`_used_residues`), their number of
+    stride phases ``P``, the dilated tap offsets ``k[a]`` per axis, and the phase index of
+    every tap ``[KD, KH, KW]``: tap ``k`` on axis ``a`` reads the phase of residue
+    ``(k*d) mod s`` at offset ``(k*d) div s``."""
+    used = _used_residues(K3, s, d)
+    nu = [len(u) for u in used]
+    k = [np.arange(K3[a]) * d[a] for a in range(3)]
+    ix = [np.searchsorted(np.asarray(used[a]), k[a] % s[a]) for a in range(3)]
+    phase = (ix[0][:, None, None] * (nu[1] * nu[2]) + ix[1][None, :, None] * nu[2]
+             + ix[2][None, None, :])
+    return used, nu[0] * nu[1] * nu[2], k, phase
+
+
 @functools.lru_cache(maxsize=128)
 def _window_geometry(S, K3, s, d, pads, O, groups, Cg, rpi):
     """Row windows of :func:`conv_forward_rows` copying its own input (see
@@ -239,13 +254,7 @@ def _window_geometry(S, K3, s, d, pads, O, groups, Cg, rpi):
     the windows copy every element of the input (every residue used, and the last input
     row/slice inside the last window), so that the kernel's finiteness verdict on the
     copied elements covers all of x.  Cached, read-only."""
-    used = _used_residues(K3, s, d)
-    nu = [len(u) for u in used]
-    P = nu[0] * nu[1] * nu[2]
-    k = [np.arange(K3[a]) * d[a] for a in range(3)]
-    ix = [np.searchsorted(np.asarray(used[a]), k[a] % s[a]) for a in range(3)]
-    phase = (ix[0][:, None, None] * (nu[1] * nu[2]) + ix[1][None, :, None] * nu[2]
-             + ix[2][None, None, :])
+    used, P, k, phase = _tap_phases(K3, s, d)
     KDe = int((k[0] // s[0]).max()) + 1
     R = rpi + int((k[1] // s[1]).max())
     Wr = -(-(S[2] + 2 * pads[2]) // s[2])
@@ -269,14 +278,7 @@ def _forward_geometry(grid, K3, d, groups, Cg, Cog, O, s=(1, 1, 1)):
     repeats the same shapes."""
     Dq, Hq, Wq = grid
     plane = Dq * Hq * Wq
-    used = _used_residues(K3, s, d)
-    nu = [len(u) for u in used]
-    P = nu[0] * nu[1] * nu[2]
-    # tap k on axis a reads the phase of residue (k*d) mod s at offset (k*d) div s
-    k = [np.arange(K3[a]) * d[a] for a in range(3)]
-    ix = [np.searchsorted(np.asarray(used[a]), k[a] % s[a]) for a in range(3)]
-    phase = (ix[0][:, None, None] * (nu[1] * nu[2]) + ix[1][None, :, None] * nu[2]
-             + ix[2][None, None, :])
+    used, P, k, phase = _tap_phases(K3, s, d)
     # term kk = ci' * KT + (kd*KH + kh)*KW + kw: its offset in the (split) input
     taps = (phase * plane + (k[0] // s[0])[:, None, None] * (Hq * Wq)
             + (k[1] // s[1])[None, :, None] * Wq + (k[2] // s[2])[None, None, :]).reshape(-1)
