@@ -246,11 +246,10 @@ def _inv_std(v, eps, s):
 
 
 @inlined
-def _four_sums(x, b, n, m, sq, acc):
-    """For the four rows of length ``n`` at ``b[0..3]``: :func:`_sum` of each
-    (``sq`` False) or :func:`_sumsq` of each about ``m[j]`` (``sq`` True), with
-    ``acc`` of ``4 * lanes`` (row ``j`` uses ``acc[j*lanes:(j+1)*lanes]``): every
-    row's operations in :func:`_sum`'s order, the four chains side by side."""
+def _four_lanes(x, b, n, m, sq, acc):
+    """The lane sums of :func:`_sum` (``sq`` False) or :func:`_sumsq` about ``m[j]``
+    (``sq`` True) of the four rows of length ``n`` at ``b[0..3]``, into ``acc`` (row
+    ``j`` in ``acc[j*lanes:(j+1)*lanes]``)."""
     lanes = acc.shape[0] // 4
     nb = n // lanes
     ul = np.uint64(lanes)
@@ -269,61 +268,70 @@ def _four_sums(x, b, n, m, sq, acc):
             else:
                 for k in range(ul):
                     a[k] += row[base + k]
+
+
+@inlined
+def _four_totals(acc):
+    """The four rows' lane sums of ``acc`` added in order, the four chains side by side."""
+    lanes = acc.shape[0] // 4
     a0 = acc[0:lanes]
     a1 = acc[lanes:2 * lanes]
     a2 = acc[2 * lanes:3 * lanes]
     a3 = acc[3 * lanes:4 * lanes]
     t0 = t1 = t2 = t3 = 0.0
-    for k in range(ul):
+    for k in range(np.uint64(lanes)):
         t0 += a0[k]
         t1 += a1[k]
         t2 += a2[k]
         t3 += a3[k]
-    b0, b1, b2, b3 = b[0], b[1], b[2], b[3]
-    for i in range(nb * lanes, n):
-        if sq:
-            d0 = x[b0 + i] - m[0]
-            d1 = x[b1 + i] - m[1]
-            d2 = x[b2 + i] - m[2]
-            d3 = x[b3 + i] - m[3]
-            t0 += d0 * d0
-            t1 += d1 * d1
-            t2 += d2 * d2
-            t3 += d3 * d3
-        else:
-            t0 += x[b0 + i]
-            t1 += x[b1 + i]
-            t2 += x[b2 + i]
-            t3 += x[b3 + i]
-    return (t0, t1, t2, t3)
+    return t0, t1, t2, t3
 
 
-@inlined
+@helper
 def _four_stats(x, base, n, center, acc):
     """``(means, variances, ok)`` of the four rows of length ``n <= _CHUNK`` starting at
-    ``base``: :func:`_group_stats`'s unscaled path (one chunk: ``_group_moments``'s
-    update from zero; RMS: ``0.0 +`` the sum of squares), the same operations, so the
-    same bits.  ``ok[j]`` False: row ``j``'s sums are not finite (the caller runs
-    :func:`_group_stats`'s whole path for it)."""
+    ``base``: :func:`_group_stats`'s unscaled path with every operation of its own (one
+    chunk: ``_group_moments``'s update from zero; RMS: ``0.0 +`` the sum of squares
+    about 0.0), so the same bits, the four rows' chains side by side (:func:`_sum` and
+    :func:`_sumsq`: lane sums, lanes in order, then the tail).  ``ok[j]`` False: row
+    ``j``'s sums are not finite (the caller runs :func:`_group_stats` for it).
+
+    RMS goes through the centred formulas with mean 0.0: ``0.0 + (0.0 - 0.0) * w`` is
+    ``0.0`` and ``(0.0 + q) + 0.0`` is ``0.0 + q`` for the finite ``q >= 0`` kept."""
     b = (base, base + n, base + 2 * n, base + 3 * n)
-    zero = (0.0, 0.0, 0.0, 0.0)
+    lanes = acc.shape[0] // 4
+    t0 = lanes * (n // lanes)                  # the tail: elements t0 .. n-1 of each row
+    mbs = (0.0, 0.0, 0.0, 0.0)
     nb = float(n)
     if center:
-        ts = _four_sums(x, b, n, zero, False, acc)
-        mbs = (ts[0] / nb, ts[1] / nb, ts[2] / nb, ts[3] / nb)
-        qs = _four_sums(x, b, n, mbs, True, acc)
-        w = nb / (0.0 + nb)
-        z = (0.0 * nb) / (0.0 + nb)
-        ms = (0.0 + (mbs[0] - 0.0) * w, 0.0 + (mbs[1] - 0.0) * w,
-              0.0 + (mbs[2] - 0.0) * w, 0.0 + (mbs[3] - 0.0) * w)
-        q = (0.0 + qs[0] + (mbs[0] - 0.0) * (mbs[0] - 0.0) * z,
-             0.0 + qs[1] + (mbs[1] - 0.0) * (mbs[1] - 0.0) * z,
-             0.0 + qs[2] + (mbs[2] - 0.0) * (mbs[2] - 0.0) * z,
-             0.0 + qs[3] + (mbs[3] - 0.0) * (mbs[3] - 0.0) * z)
-    else:
-        ms = zero
-        qs = _four_sums(x, b, n, zero, True, acc)
-        q = (0.0 + qs[0], 0.0 + qs[1], 0.0 + qs[2], 0.0 + qs[3])
+        _four_lanes(x, b, n, mbs, False, acc)
+        s0, s1, s2, s3 = _four_totals(acc)
+        for i in range(t0, n):
+            s0 += x[b[0] + i]
+            s1 += x[b[1] + i]
+            s2 += x[b[2] + i]
+            s3 += x[b[3] + i]
+        mbs = (s0 / nb, s1 / nb, s2 / nb, s3 / nb)
+    _four_lanes(x, b, n, mbs, True, acc)
+    q0, q1, q2, q3 = _four_totals(acc)
+    for i in range(t0, n):
+        d0 = x[b[0] + i] - mbs[0]
+        d1 = x[b[1] + i] - mbs[1]
+        d2 = x[b[2] + i] - mbs[2]
+        d3 = x[b[3] + i] - mbs[3]
+        q0 += d0 * d0
+        q1 += d1 * d1
+        q2 += d2 * d2
+        q3 += d3 * d3
+    qs = (q0, q1, q2, q3)
+    w = nb / (0.0 + nb)
+    z = (0.0 * nb) / (0.0 + nb)
+    ms = (0.0 + (mbs[0] - 0.0) * w, 0.0 + (mbs[1] - 0.0) * w,
+          0.0 + (mbs[2] - 0.0) * w, 0.0 + (mbs[3] - 0.0) * w)
+    q = (0.0 + qs[0] + (mbs[0] - 0.0) * (mbs[0] - 0.0) * z,
+         0.0 + qs[1] + (mbs[1] - 0.0) * (mbs[1] - 0.0) * z,
+         0.0 + qs[2] + (mbs[2] - 0.0) * (mbs[2] - 0.0) * z,
+         0.0 + qs[3] + (mbs[3] - 0.0) * (mbs[3] - 0.0) * z)
     ok = (ms[0] - ms[0] == 0.0 and q[0] - q[0] == 0.0,
           ms[1] - ms[1] == 0.0 and q[1] - q[1] == 0.0,
           ms[2] - ms[2] == 0.0 and q[2] - q[2] == 0.0,
@@ -355,43 +363,35 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
     Rows of at most ``_CHUNK`` elements go four at a time through :func:`_four_stats`
     (each row's statistics by the same operations as :func:`_group_stats`, so the same
     bits, the four rows' chains side by side); a row whose sums are not finite, and the
-    last ``per % 4`` rows of a block, take :func:`_normalize_row_affine`.
+    last ``per % 4`` rows of a block, take :func:`_group_stats` itself.  One site of each:
+    inlined code is compiled once per site (written out per case, this kernel took 5 s
+    to compile); ``_four_stats`` is a compiled helper (compiled once; inlined here,
+    Numba's parfor array analysis fails on its tuples), one call per four rows.
     """
     per = 4 * max(1, (rows + 1023) // 1024)    # rows per block: a multiple of 4, and
     nblk = (rows + per - 1) // per             # at most 256 blocks
+    none = (False, False, False, False)
+    zero = (0.0, 0.0, 0.0, 0.0)
     for blk in prange(nblk):
         acc = np.empty(4 * lanes)
-        r0 = blk * per
+        r = blk * per
         r1 = min(rows, (blk + 1) * per)
-        r = r0
-        if n <= _CHUNK:
-            while r + 4 <= r1:
-                ms, vs, ok = _four_stats(x, r * n, n, center, acc)
-                for j in range(4):
-                    if ok[j]:
-                        status[r + j] = OK
-                        _affine_row_out(x, r + j, n, ms[j], _inv_std(vs[j], eps, 1.0), 1.0,
-                                        w, b, has_b, per_elem, G, cpg, S, check, out,
-                                        status)
-                    else:
-                        _normalize_row_affine(x, r + j, n, eps, center, acc[:lanes], w, b,
-                                              has_b, per_elem, G, cpg, S, check, out, status)
-                r += 4
         while r < r1:
-            _normalize_row_affine(x, r, n, eps, center, acc[:lanes], w, b, has_b, per_elem,
-                                  G, cpg, S, check, out, status)
-            r += 1
-
-
-@inlined
-def _normalize_row_affine(x, r, n, eps, center, acc, w, b, has_b, per_elem, G, cpg, S, check,
-                          out, status):
-    s, m, v, code = _group_stats(x, r * n, 1, n, n, center, acc)
-    status[r] = code
-    if code != OK:
-        return
-    _affine_row_out(x, r, n, m, _inv_std(v, eps, s), s, w, b, has_b, per_elem, G, cpg, S,
-                    check, out, status)
+            nr = min(4, r1 - r)
+            ms, vs, ok = zero, zero, none
+            if nr == 4 and n <= _CHUNK:
+                ms, vs, ok = _four_stats(x, r * n, n, center, acc)
+            for j in range(nr):
+                if ok[j]:
+                    sc, m, v, code = 1.0, ms[j], vs[j], OK
+                else:
+                    sc, m, v, code = _group_stats(x, (r + j) * n, 1, n, n, center,
+                                                  acc[:lanes])
+                status[r + j] = code
+                if code == OK:
+                    _affine_row_out(x, r + j, n, m, _inv_std(v, eps, sc), sc, w, b, has_b,
+                                    per_elem, G, cpg, S, check, out, status)
+            r += nr
 
 
 @inlined
