@@ -198,11 +198,12 @@ def _dense_torch():
     return (lambda: L.dense(x, w, b)), "torch", (lambda: torch.nn.functional.linear(tx, tw, tb))
 
 
-def _row_norm(ours, torch_fn, numpy_fn):
-    x = rnd((16, 512, 768), 3)
+def _row_norm(ours, torch_fn, numpy_fn, shape=(16, 512, 768)):
+    x = rnd(shape, 3)
     if torch is not None:
         t = tt(x)
-        return (lambda: ours(1, 1e-5, x)), "torch", (lambda: torch_fn(t, (768,), eps=1e-5))
+        return ((lambda: ours(1, 1e-5, x)), "torch",
+                (lambda: torch_fn(t, (shape[-1],), eps=1e-5)))
     return (lambda: ours(1, 1e-5, x)), "numpy", (lambda: numpy_fn(x))
 
 
@@ -212,6 +213,15 @@ def _ln():
         d = x - x.mean(axis=-1, keepdims=True)
         return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5)
     return _row_norm(L.layer_norm, torch and torch.nn.functional.layer_norm, np_ln)
+
+
+@pair("layer_norm, short rows (the transformer step's)", "16 x 64 x 64")
+def _ln_short():
+    def np_ln(x):
+        d = x - x.mean(axis=-1, keepdims=True)
+        return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5)
+    return _row_norm(L.layer_norm, torch and torch.nn.functional.layer_norm, np_ln,
+                     (16, 64, 64))
 
 
 @pair("rms_norm (last axis)", "16 x 512 x 768")
