@@ -167,8 +167,9 @@ def test_packing_compiles_one_specialisation_for_writable_and_read_only_operands
         import numpy as np
         from hmath_dl._kernels import gemm_f64 as G
         rng = np.random.default_rng(0)
-        # serial and parallel packs; a read in place (K = 30, 300) or packed (rows 4 KiB
-        # apart: K = 512 row-major, M = 512 transposed)
+        # serial and parallel packs; a read in place (row-major, and transposed with
+        # M = 7, 300, 13) or packed (transposed, columns 4 KiB apart: M = 512), and
+        # _pack_a by the non-contiguous a below
         for M, K, N in [(7, 30, 33), (300, 300, 300), (13, 512, 40), (512, 30, 20)]:
             a = rng.standard_normal((M, K))
             b = rng.standard_normal((K, N))
@@ -183,6 +184,11 @@ def test_packing_compiles_one_specialisation_for_writable_and_read_only_operands
                 xt.flags.writeable = x.flags.writeable
                 assert G.matmul(xt.T, b).tobytes() == want.tobytes()
                 assert G.matmul(a, np.ascontiguousarray(b.T).T).tobytes() == want.tobytes()
+            for x in (a, ra):          # a strided view (neither layout): packed by _pack_a
+                nc = np.repeat(x, 2, axis=1)[:, ::2]
+                nc.flags.writeable = x.flags.writeable
+                assert not nc.flags.c_contiguous and not nc.T.flags.c_contiguous
+                assert G.matmul(nc, b).tobytes() == want.tobytes()
         for k in (G._pack_a, G._pack_b, G._pack_at, G._pack_bt, G.gemm_tiled):
             for sig in k.span.signatures:   # span kernels: one compilation for both paths
                 print(k.__name__, sig[0].mutable)
