@@ -498,10 +498,11 @@ def _reduced(path, p, a, b):
 @pytest.mark.parametrize("p", [FP16, BF16])
 def test_reduced_gemm_paths_bit_equal(path, p):
     # M, N, K not multiples of any tile, K chunk or task; narrow and wide tiles; both the
-    # fused (exact products) and the separate multiply/add kernels; serial and parallel
+    # fused (exact products) and the separate multiply/add kernels; serial and parallel;
+    # K = 1024, whose rounded rows of a are stored one cache line further apart
     rng = np.random.default_rng(31)
     shapes = ((1, 1, 1), (7, 300, 70), (6, 129, 16), (13, 257, 17), (66, 1, 130),
-              (1, 1000, 1), (130, 64, 300), (97, 515, 33), (200, 260, 129))
+              (1, 1000, 1), (130, 64, 300), (97, 515, 33), (200, 260, 129), (13, 1024, 40))
     for m, k, n in shapes:
         for scale in (0.0, 12.0, 60.0):   # 60: products below 2**-126, separate kernel
             a = rng.standard_normal((m, k)) * np.exp2(rng.uniform(-scale, scale, (m, k)))

@@ -472,13 +472,13 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
     arguments ``(of, obase, ostride)`` after ``pfbase``, ``of`` a float64 array), and the
     intrinsic returns 1 if a stored value is NaN or +-inf, else 0 (int64).
 
-    ``astrided`` (not with ``widen``): ``a`` is read where it lies, two more arguments
-    ``(ak, aj)`` after ``pfbase`` giving ``a[kk, j] = apk[abase + kk*ak + j*aj]`` (a
+    ``astrided``: ``a`` is read where it lies, two more arguments
+    ``(ak, aj)`` right after ``pfbase`` (before ``widen``'s three) giving ``a[kk, j] = apk[abase + kk*ak + j*aj]`` (a
     packed block is ``ak = CB, aj = 1``; rows of a row-major ``a`` are ``ak = 1,
     aj = lda``; the transpose of a row-major array ``ak = lda, aj = 1``).  The same
     operations in the same order: only the addresses differ."""
     assert f32 or not widen
-    assert not (widen and astrided)
+    na = 2 if astrided else 0               # the a strides' arguments, after pfbase
     nbt = types.float32 if f32 else types.float64
     lanes = 2 * _VW if f32 else _VW
     ety = llvm_ir.FloatType() if f32 else llvm_ir.DoubleType()
@@ -498,9 +498,10 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
         i64t = types.int64
         head = (bf, i64t, i64t, apk, i64t, i64t, cf, i64t, i64t, types.boolean, i64t)
         if astrided:
-            if not (len(wide_args) == 2 and _accepts(ints=wide_args)):
+            if not (len(wide_args) >= 2 and _accepts(ints=wide_args[:2])):
                 return None
-            return types.void(*head, i64t, i64t)
+            head = head + (i64t, i64t)
+            wide_args = wide_args[2:]
         if not widen:
             return None if wide_args else types.void(*head)
         if not (len(wide_args) == 3 and _accepts(f64=wide_args[:1], ints=wide_args[1:])):
@@ -577,13 +578,13 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
                 return context.get_dummy_value()
             # the last chunk: widen (exact) into float64 rows; x - x is NaN exactly for
             # NaN/inf, so one unordered compare per vector flags them
-            od = _data(context, builder, t[11], args[11])
+            od = _data(context, builder, t[11 + na], args[11 + na])
             dty = llvm_ir.VectorType(llvm_ir.DoubleType(), lanes)
             zero64 = llvm_ir.Constant(dty, [0.0] * lanes)
             bad = None
             for j in range(CB):
-                orow = builder.gep(od, [builder.add(args[12], builder.mul(
-                    llvm_ir.Constant(_I64, j), args[13]))])
+                orow = builder.gep(od, [builder.add(args[12 + na], builder.mul(
+                    llvm_ir.Constant(_I64, j), args[13 + na]))])
                 for v in range(V):
                     wide_v = builder.fpext(builder.load(slots[j][v]), dty)
                     builder.store(wide_v, builder.bitcast(
@@ -598,7 +599,13 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
 
         return sig, codegen
 
-    if widen:
+    if widen and astrided:
+        @intrinsic
+        def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
+                  pfbase, ak, aj, of, obase, ostride):
+            return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
+                                  cstride, first, pfbase, ak, aj, of, obase, ostride)
+    elif widen:
         @intrinsic
         def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
                   pfbase, of, obase, ostride):

@@ -22,6 +22,8 @@ to K-1 inside, so every output sees exactly the sequence of the specification.  
 split over (panel, row-block) tiles: results are bitwise identical for any thread count.
 """
 
+import functools
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -240,62 +242,66 @@ def gemm_seq(a, b, out, fused, serial=False):
 
 # --------------------------------------------------------------------------- tiled path
 # gemm_f64's loop nest on float32 (BLIS's: column panels x row panels in parallel, K in
-# chunks of KC terms, a tile's chunk of packed b in L1 meeting every 6-row block of packed
-# a), with the continuing micro-kernel of _simd: each output's accumulator is stored as a
+# chunks of KC terms, a tile's chunk of packed b in L1 meeting every 6-row block of a's
+# rounded rows, read in place), with the continuing micro-kernel of _simd: each output's accumulator is stored as a
 # float32 between chunks and reloaded, which is exactly one chain over k = 0 .. K-1.
 TCB = 6                          # rows of a per register block
 TL = 2 * _VW                     # float32 lanes per vector (16 on AVX-512, 8 on AVX2)
 TT = _ROW_MAXV * TL              # widest tile: 64 columns on AVX-512, 16 on AVX2
 TKC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b is 32 or 16 KiB
-_f1 = _make_micro_acc(TCB, 1, f32=True, fused=True)
-_s1 = _make_micro_acc(TCB, 1, f32=True, fused=False)
-_f2 = _make_micro_acc(TCB, 2, f32=True, fused=True) if _ROW_MAXV >= 2 else _f1
-_s2 = _make_micro_acc(TCB, 2, f32=True, fused=False) if _ROW_MAXV >= 2 else _s1
-_f4 = _make_micro_acc(TCB, 4, f32=True, fused=True) if _ROW_MAXV >= 4 else _f2
-_s4 = _make_micro_acc(TCB, 4, f32=True, fused=False) if _ROW_MAXV >= 4 else _s2
+
+
+@functools.lru_cache(maxsize=None)
+def _micro(V, fused, widen=False):
+    """The micro-kernel of ``V`` vectors per row (the widest the target has, if fewer)
+    reading ``a`` row-major where it lies (``ak = 1``, ``aj = K``): the rounded rows of
+    :func:`_pack_task`."""
+    if _ROW_MAXV < V:
+        return _micro(V // 2, fused, widen)
+    return _make_micro_acc(TCB, V, f32=True, fused=fused, widen=widen, astrided=True)
+
+
+_f1, _s1, _f2, _s2, _f4, _s4 = (_micro(v, f) for v in (1, 2, 4) for f in (True, False))
 # the last chunk of a chain, stored widened into the float64 output (see _gemm_task)
-_fw1 = _make_micro_acc(TCB, 1, f32=True, fused=True, widen=True)
-_sw1 = _make_micro_acc(TCB, 1, f32=True, fused=False, widen=True)
-_fw2 = _make_micro_acc(TCB, 2, f32=True, fused=True, widen=True) if _ROW_MAXV >= 2 else _fw1
-_sw2 = _make_micro_acc(TCB, 2, f32=True, fused=False, widen=True) if _ROW_MAXV >= 2 else _sw1
-_fw4 = _make_micro_acc(TCB, 4, f32=True, fused=True, widen=True) if _ROW_MAXV >= 4 else _fw2
-_sw4 = _make_micro_acc(TCB, 4, f32=True, fused=False, widen=True) if _ROW_MAXV >= 4 else _sw2
+_fw1, _sw1, _fw2, _sw2, _fw4, _sw4 = (_micro(v, f, True) for v in (1, 2, 4)
+                                      for f in (True, False))
 
 
 @inlined
-def _chunk(fused, V, bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf):
+def _chunk(fused, V, bpk, bbase, T, apk, ab, lda, nk, c, cb, Np, first, pf):
     """One chunk of a register block's chains (the micro-kernel for ``fused`` and ``V``
     vectors per row), its tile kept in ``c``."""
     if fused:
         if V == 4:
-            _f4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+            _f4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda)
         elif V == 2:
-            _f2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+            _f2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda)
         else:
-            _f1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+            _f1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda)
     elif V == 4:
-        _s4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+        _s4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda)
     elif V == 2:
-        _s2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+        _s2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda)
     else:
-        _s1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+        _s1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda)
 
 
 @inlined
-def _last_chunk(fused, V, bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N):
+def _last_chunk(fused, V, bpk, bbase, T, apk, ab, lda, nk, c, cb, Np, first, pf, of, ob,
+                N):
     """The last chunk of a register block's chains, its tile widened into the float64
     rows ``of[ob + j*N ...]``; 1 if a value is NaN/inf, else 0."""
     if fused:
         if V == 4:
-            return _fw4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+            return _fw4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda, of, ob, N)
         if V == 2:
-            return _fw2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
-        return _fw1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+            return _fw2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda, of, ob, N)
+        return _fw1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda, of, ob, N)
     if V == 4:
-        return _sw4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+        return _sw4(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda, of, ob, N)
     if V == 2:
-        return _sw2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
-    return _sw1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, of, ob, N)
+        return _sw2(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda, of, ob, N)
+    return _sw1(bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf, 1, lda, of, ob, N)
 
 
 def tile_width(n):
@@ -308,10 +314,10 @@ def tile_width(n):
 
 
 @inlined
-def _gemm_task(apk, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
+def _gemm_task(apk, lda, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
     """Task ``t`` of :func:`reduced_product`'s product: ``bpp`` row blocks x ``tpp``
-    tiles of the sequential-k float32 product of ``apk`` (``a [Mp, K]`` packed ``[Mp/6,
-    K, 6]``) and ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), K chunk after chunk in
+    tiles of the sequential-k float32 product of ``apk`` (``a [Mp, K]``, row-major rows
+    ``lda`` apart, read in place) and ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), K chunk after chunk in
     k order (``fused``: ``fma``, valid only when every product is exact; see
     :func:`gemm_f32_seq`), written to ``out [M, N]`` (float64; ``of`` its flat view):
     blocks inside ``out`` widen their last chunk straight into it; the edge blocks (rows
@@ -341,14 +347,14 @@ def _gemm_task(apk, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
         for tile in range(t0, t1):
             bbase = (tile * K + k0) * T
             for blk in range(b0, b1):
-                ab = (blk * K + k0) * TCB
+                ab = blk * TCB * lda + k0
                 cb = blk * TCB * Np + tile * T
                 pf = cb + TCB * Np if blk + 1 < b1 else b0 * TCB * Np + (tile + 1) * T
                 if last and blk < full_b and tile < full_t:
-                    bad |= _last_chunk(fused, V, bpk, bbase, T, apk, ab, nk, c, cb, Np,
+                    bad |= _last_chunk(fused, V, bpk, bbase, T, apk, ab, lda, nk, c, cb, Np,
                                        first, pf, of, blk * TCB * N + tile * T, N)
                 else:
-                    _chunk(fused, V, bpk, bbase, T, apk, ab, nk, c, cb, Np, first, pf)
+                    _chunk(fused, V, bpk, bbase, T, apk, ab, lda, nk, c, cb, Np, first, pf)
     i0 = b0 * TCB
     i1 = min(M, b1 * TCB)
     j0 = t0 * T
@@ -402,64 +408,46 @@ def _fold_stats(part, stats):
 
 
 @helper
-def _round_pack_a(a, u, apk, blk, mbits, bias, st, rows):
-    """Row block ``blk`` of :func:`_pack_task`'s left operand: its (up to) 6 rows rounded
-    front to back into the buffer ``rows`` (float32, 6*K), then interleaved into the panel
-    (zero rows past M), folding the raw statistics into ``st``."""
-    M, K = a.shape
-    nr = min(TCB, M - blk * TCB)
-    for j in range(nr):
-        round_run(a[blk * TCB + j], u[blk * TCB + j], rows, j * K, K, mbits, bias, st)
-    for i in range(nr * K, TCB * K):
-        rows[i] = 0.0
-    # unsigned offsets and the six stores written out: the interleave runs without
-    # index checks (0.40 -> 0.34 ms for 1024 x 1024 on two threads)
-    base = np.uint64(blk * K * TCB)
-    uk = np.uint64(K)
-    for k in range(uk):
-        o = base + k * np.uint64(TCB)
-        apk[o] = rows[k]
-        apk[o + np.uint64(1)] = rows[uk + k]
-        apk[o + np.uint64(2)] = rows[np.uint64(2) * uk + k]
-        apk[o + np.uint64(3)] = rows[np.uint64(3) * uk + k]
-        apk[o + np.uint64(4)] = rows[np.uint64(4) * uk + k]
-        apk[o + np.uint64(5)] = rows[np.uint64(5) * uk + k]
-
-
-@helper
-def _pack_task(a, apk, b, bpk, T, t, ntask, mbits, bias, part_a, part_b):
+def _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b):
     """Task ``t`` of ``ntask`` of :func:`reduced_product`'s rounding: an equal share of
     a's row blocks and of b's rows rounded to the 16-bit format ``(mbits, bias)`` (as
-    :func:`.half.round_to_float` rounds: the same values) straight into the packed float32
-    panels ``apk [ceil(M/6), K, 6]`` (flat; zero rows past M) and ``bpk [ceil(N/T), K,
-    T]`` (flat; zero columns past N), each row read once, front to back; the raw
-    statistics of :func:`.half.round_run` go to ``part_a[t]`` and ``part_b[t]``."""
+    :func:`.half.round_to_float` rounds: the same values), ``a`` into the row-major
+    float32 rows ``apk [Mp, K]`` (flat; zero rows past M), which the micro-kernels read in
+    place, and ``b`` into the packed float32 panels ``bpk [ceil(N/T), K, T]`` (flat; zero
+    columns past N) by way of a rounded row: each row is read once, front to back, in
+    one long run (the loop vectorises; runs of one tile's ``T`` values did not: 0.58 ns
+    per value on AVX2).  The raw statistics of :func:`.half.round_run` go to ``part_a[t]``
+    and ``part_b[t]``."""
     _wide()
     M, K = a.shape
     N = b.shape[1]
-    nmb = apk.shape[0] // (K * TCB)
+    nmb = apk.shape[0] // (lda * TCB)
     ntile = bpk.shape[0] // (K * T)
     ua = a.view(np.int64)
     ub = b.view(np.int64)
     st = np.zeros(3, dtype=np.int64)
     st[1] = _NONE
-    rows = np.empty(TCB * K, dtype=np.float32)
-    for blk in range(t * nmb // ntask, (t + 1) * nmb // ntask):
-        _round_pack_a(a, ua, apk, blk, mbits, bias, st, rows)
+    i0 = t * nmb // ntask * TCB
+    i1 = (t + 1) * nmb // ntask * TCB
+    for i in range(i0, min(i1, M)):
+        round_run(a[i], ua[i], apk, i * lda, K, mbits, bias, st)
+    for i in range(max(i0, M) * lda, i1 * lda):
+        apk[i] = 0.0
     part_a[t, 1] = st[1]
     part_a[t, 2] = st[2]
     st[1] = _NONE
     st[2] = 0
+    row = np.zeros(ntile * T, dtype=np.float32)     # zero past N: the panels' padding
     for k in range(t * K // ntask, (t + 1) * K // ntask):
-        br = b[k]
-        ur = ub[k]
-        for tile in range(ntile):
-            n0 = tile * T
-            w = min(T, N - n0)
-            base = (tile * K + k) * T
-            round_run(br[n0:], ur[n0:], bpk, base, w, mbits, bias, st)
-            for i in range(w, T):
-                bpk[base + i] = 0.0
+        round_run(b[k], ub[k], row, 0, N, mbits, bias, st)
+        # unsigned offsets: with signed ones Numba tests each index for wrap-around and
+        # the copy stays scalar (AVX2, 256 x 256: 11 us; a constant-width loop for the
+        # widest tiles, 18 us; a slice per tile, 50 us)
+        for tile in range(np.uint64(ntile)):
+            base = (tile * np.uint64(K) + np.uint64(k)) * np.uint64(T)
+            src = tile * np.uint64(T)
+            for i in range(np.uint64(T)):
+                bpk[base + i] = row[src + i]
     part_b[t, 1] = st[1]
     part_b[t, 2] = st[2]
 
@@ -489,7 +477,8 @@ BAD_OPERAND = np.int64(-2)
 
 
 @kernel
-def reduced_product(a, apk, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias, allow_fused):
+def reduced_product(a, apk, lda, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias,
+                    allow_fused):
     """The tiled reduced GEMM in one launch (no Python between its two parallel loops,
     so the thread pool's workers are still awake for the second): round and pack both
     float64 operands (``ntask`` tasks of :func:`_pack_task`), then the product ``out =
@@ -502,12 +491,12 @@ def reduced_product(a, apk, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias,
     first flat index of a non-finite output, or NO_INDEX (-1).  Each output's chain runs in
     one task and the statistics fold with max/min, so any thread count gives the same
     bits and verdicts."""
-    nmb = apk.shape[0] // (a.shape[1] * TCB)
+    nmb = apk.shape[0] // (lda * TCB)
     ntile = Np // T
     part_a = np.zeros((ntask, 3), dtype=np.int64)
     part_b = np.zeros((ntask, 3), dtype=np.int64)
     for t in prange(ntask):
-        _pack_task(a, apk, b, bpk, T, t, ntask, mbits, bias, part_a, part_b)
+        _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b)
     stats_a = np.empty(3, dtype=np.int64)
     stats_b = np.empty(3, dtype=np.int64)
     _fold_stats(part_a, stats_a)
@@ -521,7 +510,7 @@ def reduced_product(a, apk, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias,
     first_bad = np.full(ntasks, NO_INDEX, dtype=np.int64)
     out_flat = out.reshape(-1)
     for t in prange(ntasks):
-        first_bad[t] = _gemm_task(apk, bpk, c, a.shape[1], Np, T, bpp, tpp, fused, out,
+        first_bad[t] = _gemm_task(apk, lda, bpk, c, a.shape[1], Np, T, bpp, tpp, fused, out,
                                   out_flat, t)
     best = np.int64(NO_INDEX)
     for t in range(ntasks):
@@ -553,7 +542,14 @@ def _tiles(M, N):
     return Mp, T, Np, bpp, tpp
 
 
-_PLANS = {}       # (M, K, N, threads) -> (T, Np, bpp, tpp, ntask, a, b, c workspace sizes)
+_PLANS = {}       # (M, K, N, threads) -> (T, Np, bpp, tpp, ntask, lda, a, b, c workspace sizes)
+
+
+def _row_stride(K):
+    """The distance between the rounded rows of ``a`` (float32): ``K``, one cache line
+    more when the rows would be a multiple of 2 KiB apart (the micro-kernel reads six
+    rows side by side; at such distances they share L1 sets)."""
+    return K + 16 if K % 512 == 0 else K
 
 
 def _plan(M, K, N, threads):
@@ -569,7 +565,8 @@ def _plan(M, K, N, threads):
         # threads, 256^3: 54 -> 48 us against one task per row block; 8 or 32 tasks were
         # slower)
         ntask = max(1, min(max(Mp // TCB, K), threads))
-        plan = (T, Np, bpp, tpp, ntask, Mp * K, Np * K, Mp * Np)
+        lda = _row_stride(K)
+        plan = (T, Np, bpp, tpp, ntask, lda, Mp * lda, Np * K, Mp * Np)
         if len(_PLANS) > 256:
             _PLANS.clear()
         _PLANS[key] = plan
@@ -579,7 +576,7 @@ def _plan(M, K, N, threads):
 def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     """The tiled reduced GEMM from float64 operands: ``a [M, K]``, ``b [K, N]``
     (C-contiguous float64, M, N, K >= 1) rounded to the 16-bit format ``(mbits, bias)``
-    straight into packed float32 panels, then ``out [M, N]`` (float64, C-contiguous) =
+    into float32 rows (``a``) and packed panels (``b``), then ``out [M, N]`` (float64, C-contiguous) =
     the sequential-k float32 product (the module's specification, bit for bit), by
     :func:`reduced_product`; ``allow_fused``: whether the exact-FMA kernel may run where
     it is exact (false: the separate multiply and add everywhere).
@@ -591,9 +588,9 @@ def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     from .gemm_f64 import _workspace
     M, K = a.shape
     launch = reduced_product.when_small(serial)
-    T, Np, bpp, tpp, ntask, na, nb, nc = _plan(
+    T, Np, bpp, tpp, ntask, lda, na, nb, nc = _plan(
         M, K, b.shape[1], 1 if launch is reduced_product.serial else numba.get_num_threads())
-    bad = int(launch(a, _workspace("a32", na, np.float32), b, _workspace("b32", nb, np.float32),
-                     _workspace("c32", nc, np.float32), out, T, ntask, Np, bpp, tpp,
-                     mbits, bias, bool(allow_fused)))
+    bad = int(launch(a, _workspace("a32", na, np.float32), lda, b,
+                     _workspace("b32", nb, np.float32), _workspace("c32", nc, np.float32), out,
+                     T, ntask, Np, bpp, tpp, mbits, bias, bool(allow_fused)))
     return None if bad == BAD_OPERAND else bad
