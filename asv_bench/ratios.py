@@ -120,6 +120,28 @@ pair("int8_gemm one token (1 x 4096 . 4096 x 4096)", "1 x 4096 x 4096")(
     lambda: _int8_pair(1, 4096, 4096))
 
 
+# Issue 15's skinny products (batch-1 inference).  Ours reads the float64 operands (the
+# API's) and rounds them; the first peer multiplies float32 copies made beforehand (half
+# the bytes, no rounding to check), the second makes them in the call, as a user holding
+# float64 data would.
+def _skinny_pair(m, k, n, convert):
+    a, b = rnd((m, k), 1), rnd((k, n), 2)
+    ours = (lambda: P.reduced_gemm(P.Precision.FP16, a, b))
+    if convert:
+        return ours, "numpy a.astype(float32) @ b.astype(float32)", (
+            lambda: a.astype(np.float32) @ b.astype(np.float32))
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    return ours, "numpy float32 matmul", (lambda: a32 @ b32)
+
+
+pair("reduced_gemm FP16 one token", "1 x 4096 x 4096")(
+    lambda: _skinny_pair(1, 4096, 4096, False))
+pair("reduced_gemm FP16 one token, peer converting", "1 x 4096 x 4096")(
+    lambda: _skinny_pair(1, 4096, 4096, True))
+pair("reduced_gemm FP16 one output column", "4096 x 4096 x 1")(
+    lambda: _skinny_pair(4096, 4096, 1, False))
+
+
 # The memory-bound conversions (issue 15: >= 2x the same array's numpy / ml_dtypes cast;
 # ours do one rounding from float64 and check every entry, the casts check nothing).
 N_CONVERT = 1 << 20   # bench_half.N_ROUND

@@ -499,10 +499,12 @@ def _reduced(path, p, a, b):
 def test_reduced_gemm_paths_bit_equal(path, p):
     # M, N, K not multiples of any tile, K chunk or task; narrow and wide tiles; both the
     # fused (exact products) and the separate multiply/add kernels; serial and parallel;
-    # K = 1024, whose rounded rows of a are stored one cache line further apart
+    # K = 1024, whose rounded rows of a are stored one cache line further apart; skinny
+    # products (at most 16 rows or columns), whose tasks round the long operand
     rng = np.random.default_rng(31)
     shapes = ((1, 1, 1), (7, 300, 70), (6, 129, 16), (13, 257, 17), (66, 1, 130),
-              (1, 1000, 1), (130, 64, 300), (97, 515, 33), (200, 260, 129), (13, 1024, 40))
+              (1, 1000, 1), (130, 64, 300), (97, 515, 33), (200, 260, 129), (13, 1024, 40),
+              (1, 700, 1100), (16, 300, 1025), (300, 800, 5), (500, 129, 16), (17, 650, 3))
     for m, k, n in shapes:
         for scale in (0.0, 12.0, 60.0):   # 60: products below 2**-126, separate kernel
             a = rng.standard_normal((m, k)) * np.exp2(rng.uniform(-scale, scale, (m, k)))
@@ -615,6 +617,44 @@ def test_reduced_gemm_late_bad_entry_of_a(path):
         x[87, 650] = value
         msgs = _path_errors(err, path, FP16, x, b)
         assert msgs[0] == msgs[1] and "(87, 650)" in msgs[0]
+
+
+@pytest.mark.parametrize("path", _RPATHS)
+def test_reduced_gemm_skinny_late_bad_entry_and_exact_fma_per_part(path):
+    # skinny products (few rows: the tasks round b, K chunk by K chunk; few columns: they
+    # round a, row block by row block): a bad entry late in the long operand is named as
+    # the portable path names it; a band whose products are inexact in float32 (so a
+    # fused multiply-add would change the bits of the outputs that sum them) must take
+    # the separate multiply-add there, whatever the rest may take
+    rng = np.random.default_rng(35)
+    for m, k, n, where in ((3, 700, 400, "b"), (300, 700, 5, "a")):
+        a = rng.standard_normal((m, k))
+        b = rng.standard_normal((k, n))
+        for value, err in ((np.nan, NonFiniteError), (1e6, NumericOverflow)):
+            x, y = a.copy(), b.copy()
+            if where == "a":
+                x[m - 3, 650] = value
+                spot = "(%d, 650)" % (m - 3)
+            else:
+                y[650, n - 3] = value
+                spot = "(650, %d)" % (n - 3)
+            msgs = _path_errors(err, path, FP16, x, y)
+            assert msgs[0] == msgs[1] and spot in msgs[0]
+    for m, k, n, band in ((5, 900, 700, slice(2, 3)), (700, 900, 7, slice(350, 360))):
+        a = rng.standard_normal((m, k))
+        a[band] = 0.0
+        a[band, 300:400] = rng.standard_normal((a[band].shape[0], 100)) * 2.0 ** -75
+        b = rng.standard_normal((k, n))
+        b[300:400] *= 2.0 ** -74
+        a = a.astype(np.float32).astype(np.float64)
+        b = b.astype(np.float32).astype(np.float64)
+        got = _reduced(path, BF16, a, b)
+        assert same_bits(got, _reduced("portable", BF16, a, b))
+        with _half_mod.forced_arithmetic("separate"):
+            assert same_bits(_reduced(path, BF16, a, b), got)
+        a16 = a.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+        b16 = b.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+        assert same_bits(got[band], ref.reduced_gemm_f32(a16[band], b16)[0])
 
 
 def test_reduced_gemm_forced_path_errors():

@@ -57,6 +57,38 @@ class ReducedGemmSeparateMulAdd:
         reduced_gemm(Precision.BF16, self.a, self.b)
 
 
+class ReducedGemmSkinny:
+    """Skinny products (batch-1 inference: one row; one output column), whose tasks
+    round the long operand as they go, against numpy float32 ``a @ b`` on copies made
+    beforehand (:class:`NumpyMatmulFloat32Skinny`)."""
+
+    params = [["(1, 4096, 4096)", "(4096, 4096, 1)", "(16, 4096, 1024)"]]
+    param_names = ["m_k_n"]
+    timeout = 300
+
+    def setup(self, m_k_n):
+        m, k, n = eval(m_k_n)
+        self.a = normal((m, k), 1)
+        self.b = normal((k, n), 2)
+        reduced_gemm(Precision.FP16, self.a, self.b)
+
+    def time_reduced_gemm_skinny(self, m_k_n):
+        reduced_gemm(Precision.FP16, self.a, self.b)
+
+
+class NumpyMatmulFloat32Skinny:
+    params = ReducedGemmSkinny.params
+    param_names = ReducedGemmSkinny.param_names
+
+    def setup(self, m_k_n):
+        m, k, n = eval(m_k_n)
+        self.a = normal((m, k), 1).astype(np.float32)
+        self.b = normal((k, n), 2).astype(np.float32)
+
+    def time_numpy_matmul_float32(self, m_k_n):
+        self.a @ self.b
+
+
 class NumpyMatmulFloat32:
     params = [GEMM_SIZES]
     param_names = ["n"]

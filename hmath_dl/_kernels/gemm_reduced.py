@@ -314,18 +314,32 @@ def tile_width(n):
 
 
 @inlined
-def _gemm_task(apk, lda, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
+def _gemm_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh, fixed, part,
+               mbits, bias, out, of, t):
     """Task ``t`` of :func:`reduced_product`'s product: ``bpp`` row blocks x ``tpp``
-    tiles of the sequential-k float32 product of ``apk`` (``a [Mp, K]``, row-major rows
-    ``lda`` apart, read in place) and ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), K chunk after chunk in
-    k order (``fused``: ``fma``, valid only when every product is exact; see
-    :func:`gemm_f32_seq`), written to ``out [M, N]`` (float64; ``of`` its flat view):
-    blocks inside ``out`` widen their last chunk straight into it; the edge blocks (rows
-    past M, columns past N) keep theirs in ``c [Mp, Np]`` (float32, flat workspace) and
-    are widened from there.  Returns the first flat index ``i*N + j`` of a non-finite
-    output of the task, or NO_INDEX (-1)."""
+    tiles of the sequential-k float32 product of ``a16 [Mp, K]`` and ``b16 [K, Np]``, in
+    chunks of ``kc`` terms in k order (``fused``: ``fma``, valid only when every product
+    is exact; see :func:`gemm_f32_seq`), written to ``out [M, N]`` (float64; ``of`` its
+    flat view): blocks inside ``out`` widen their last chunk straight into it; the edge
+    blocks (rows past M, columns past N) keep theirs in ``c [Mp, Np]`` (float32, flat
+    workspace) and are widened from there.  Returns the first flat index ``i*N + j`` of a
+    non-finite output of the task, or NO_INDEX (-1).
+
+    The operands: ``apk`` (a's rounded rows, ``lda`` apart, read in place) and ``bpk``
+    (b's rounded values packed ``[Np/T, K, T]``), both rounded before the product; or,
+    for a skinny product, the long operand (float64) is rounded here, into the task's own
+    buffer, right before it is used, so that it is read once and never written back:
+    ``fresh`` 1 (few columns: ``a``), each row block's six whole rows in one go (long
+    runs: rows read a chunk at a time were streamed at half the speed); ``fresh`` 2 (few
+    rows: ``b``), the task's columns of ``kc`` rows at a time.  Each part so rounded runs
+    ``fused`` where ``fused`` allows it and :func:`_products_exact` holds for ``fixed``
+    (the finished statistics of the operand rounded before) and its own (the exact-FMA
+    kernel gives the specified bits wherever its products are exact, so the choice may
+    differ from part to part); the statistics fold into ``part[t]`` (raw, for the
+    caller's verdict)."""
     M = out.shape[0]
     N = out.shape[1]
+    K = a.shape[1]
     Mp = c.shape[0] // Np
     nmb = Mp // TCB
     V = T // TL
@@ -339,22 +353,68 @@ def _gemm_task(apk, lda, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
     t1 = min(ntile, t0 + tpp)
     full_b = min(b1, M // TCB)          # blocks b0 .. full_b-1 lie inside out's rows
     full_t = min(t1, N // T)            # tiles t0 .. full_t-1 inside its columns
+    # the fresh operand's buffers: a block's rows, lda apart (zero past M); b's tiles
+    # [kc, T] and the rounded part of a row (zero past N)
+    ach = np.zeros(TCB * lda if fresh == 1 else 0, dtype=np.float32)
+    bch = np.empty((t1 - t0) * kc * T if fresh == 2 else 0, dtype=np.float32)
+    row = np.zeros((t1 - t0) * T if fresh == 2 else 0, dtype=np.float32)
+    ua = a.view(np.int64)
+    ub = b.view(np.int64)
+    st = np.empty(3, dtype=np.int64)
+    fin = np.empty(3, dtype=np.int64)
+    part[t, 0] = 0
+    part[t, 1] = _NONE
+    part[t, 2] = 0
+    use = fused
     bad = np.int64(0)
-    for k0 in range(0, K, TKC):
-        nk = min(TKC, K - k0)
-        first = k0 == 0
-        last = k0 + nk == K
-        for tile in range(t0, t1):
-            bbase = (tile * K + k0) * T
-            for blk in range(b0, b1):
-                ab = blk * TCB * lda + k0
-                cb = blk * TCB * Np + tile * T
-                pf = cb + TCB * Np if blk + 1 < b1 else b0 * TCB * Np + (tile + 1) * T
-                if last and blk < full_b and tile < full_t:
-                    bad |= _last_chunk(fused, V, bpk, bbase, T, apk, ab, lda, nk, c, cb, Np,
-                                       first, pf, of, blk * TCB * N + tile * T, N)
+    # fresh 1: one pass per row block (its rows rounded first); otherwise one pass
+    for g in range(b1 - b0 if fresh == 1 else 1):
+        blo = b0 + g if fresh == 1 else b0
+        bhi = blo + 1 if fresh == 1 else b1
+        for k0 in range(0, K, kc):
+            nk = min(kc, K - k0)
+            first = k0 == 0
+            last = k0 + nk == K
+            if (fresh == 1 and first) or fresh == 2:
+                st[0] = 0
+                st[1] = _NONE
+                st[2] = 0
+                if fresh == 1:
+                    for i in range(blo * TCB, min(M, bhi * TCB)):
+                        round_run(a[i], ua[i], ach, (i - blo * TCB) * lda, K, mbits, bias,
+                                  st)
+                    for i in range(max(0, M - blo * TCB) * lda, TCB * lda):
+                        ach[i] = 0.0            # the rows past M
                 else:
-                    _chunk(fused, V, bpk, bbase, T, apk, ab, lda, nk, c, cb, Np, first, pf)
+                    n0 = t0 * T
+                    for k in range(k0, k0 + nk):
+                        _round_b_row(b, ub, k, n0, min(N, t1 * T) - n0, row, bch,
+                                     (k - k0) * T, kc * T, t1 - t0, T, mbits, bias, st)
+                part[t, 1] = min(part[t, 1], st[1])
+                part[t, 2] = max(part[t, 2], st[2])
+                fin[0] = 0
+                fin[1] = st[1]
+                fin[2] = st[2]
+                finish_stats(fin, mbits, bias)
+                use = fused and _products_exact(fixed, fin)
+            for tile in range(t0, t1):
+                if fresh == 2:
+                    bsrc = bch
+                    bbase = (tile - t0) * kc * T
+                else:
+                    bsrc = bpk
+                    bbase = (tile * K + k0) * T
+                for blk in range(blo, bhi):
+                    asrc = ach if fresh == 1 else apk
+                    ab = k0 if fresh == 1 else blk * TCB * lda + k0
+                    cb = blk * TCB * Np + tile * T
+                    pf = cb + TCB * Np if blk + 1 < bhi else blo * TCB * Np + (tile + 1) * T
+                    if last and blk < full_b and tile < full_t:
+                        bad |= _last_chunk(use, V, bsrc, bbase, T, asrc, ab, lda, nk, c, cb,
+                                           Np, first, pf, of, blk * TCB * N + tile * T, N)
+                    else:
+                        _chunk(use, V, bsrc, bbase, T, asrc, ab, lda, nk, c, cb, Np, first,
+                               pf)
     i0 = b0 * TCB
     i1 = min(M, b1 * TCB)
     j0 = t0 * T
@@ -407,49 +467,60 @@ def _fold_stats(part, stats):
     stats[2] = mxa
 
 
+@inlined
+def _round_b_row(b, ub, k, n0, w, row, dst, dbase, tstride, ntl, T, mbits, bias, st):
+    """Row ``k`` of ``b``, columns ``n0 .. n0+w-1``, rounded in one run into ``row``
+    (float32; its values past ``w`` stay as they are: zeros, the tiles' padding), then
+    copied into ``ntl`` tiles of ``T`` columns: tile ``i`` at ``dst[dbase + i*tstride
+    ...]``.  Folds the raw statistics into ``st``."""
+    round_run(b[k, n0:], ub[k, n0:], row, 0, w, mbits, bias, st)
+    # unsigned offsets: with signed ones Numba tests each index for wrap-around and the
+    # copy stays scalar (AVX2, 256 x 256: 11 us; a constant-width loop for the widest
+    # tiles, 18 us; a slice per tile, 50 us)
+    for tile in range(np.uint64(ntl)):
+        base = np.uint64(dbase) + tile * np.uint64(tstride)
+        src = tile * np.uint64(T)
+        for i in range(np.uint64(T)):
+            dst[base + i] = row[src + i]
+
+
 @helper
-def _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b):
+def _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b, sides):
     """Task ``t`` of ``ntask`` of :func:`reduced_product`'s rounding: an equal share of
-    a's row blocks and of b's rows rounded to the 16-bit format ``(mbits, bias)`` (as
-    :func:`.half.round_to_float` rounds: the same values), ``a`` into the row-major
-    float32 rows ``apk [Mp, K]`` (flat; zero rows past M), which the micro-kernels read in
-    place, and ``b`` into the packed float32 panels ``bpk [ceil(N/T), K, T]`` (flat; zero
-    columns past N) by way of a rounded row: each row is read once, front to back, in
-    one long run (the loop vectorises; runs of one tile's ``T`` values did not: 0.58 ns
-    per value on AVX2).  The raw statistics of :func:`.half.round_run` go to ``part_a[t]``
-    and ``part_b[t]``."""
+    a's row blocks (``sides & 1``) and of b's rows (``sides & 2``) rounded to the 16-bit
+    format ``(mbits, bias)`` (as :func:`.half.round_to_float` rounds: the same values),
+    ``a`` into the row-major float32 rows ``apk [Mp, K]`` (flat, rows ``lda`` apart; zero
+    rows past M), which the micro-kernels read in place, and ``b`` into the packed float32
+    panels ``bpk [ceil(N/T), K, T]`` (flat; zero columns past N) by way of a rounded row:
+    each row is read once, front to back, in one long run (the loop vectorises; runs of
+    one tile's ``T`` values did not: 0.58 ns per value on AVX2).  The raw statistics of
+    :func:`.half.round_run` go to ``part_a[t]`` and ``part_b[t]``."""
     _wide()
     M, K = a.shape
     N = b.shape[1]
-    nmb = apk.shape[0] // (lda * TCB)
-    ntile = bpk.shape[0] // (K * T)
     ua = a.view(np.int64)
     ub = b.view(np.int64)
     st = np.zeros(3, dtype=np.int64)
     st[1] = _NONE
-    i0 = t * nmb // ntask * TCB
-    i1 = (t + 1) * nmb // ntask * TCB
-    for i in range(i0, min(i1, M)):
-        round_run(a[i], ua[i], apk, i * lda, K, mbits, bias, st)
-    for i in range(max(i0, M) * lda, i1 * lda):
-        apk[i] = 0.0
-    part_a[t, 1] = st[1]
-    part_a[t, 2] = st[2]
-    st[1] = _NONE
-    st[2] = 0
-    row = np.zeros(ntile * T, dtype=np.float32)     # zero past N: the panels' padding
-    for k in range(t * K // ntask, (t + 1) * K // ntask):
-        round_run(b[k], ub[k], row, 0, N, mbits, bias, st)
-        # unsigned offsets: with signed ones Numba tests each index for wrap-around and
-        # the copy stays scalar (AVX2, 256 x 256: 11 us; a constant-width loop for the
-        # widest tiles, 18 us; a slice per tile, 50 us)
-        for tile in range(np.uint64(ntile)):
-            base = (tile * np.uint64(K) + np.uint64(k)) * np.uint64(T)
-            src = tile * np.uint64(T)
-            for i in range(np.uint64(T)):
-                bpk[base + i] = row[src + i]
-    part_b[t, 1] = st[1]
-    part_b[t, 2] = st[2]
+    if sides & 1:
+        nmb = apk.shape[0] // (lda * TCB)
+        i0 = t * nmb // ntask * TCB
+        i1 = (t + 1) * nmb // ntask * TCB
+        for i in range(i0, min(i1, M)):
+            round_run(a[i], ua[i], apk, i * lda, K, mbits, bias, st)
+        for i in range(max(i0, M) * lda, i1 * lda):
+            apk[i] = 0.0
+        part_a[t, 1] = st[1]
+        part_a[t, 2] = st[2]
+    if sides & 2:
+        st[1] = _NONE
+        st[2] = 0
+        ntile = bpk.shape[0] // (K * T)
+        row = np.zeros(ntile * T, dtype=np.float32)     # zero past N: the padding
+        for k in range(t * K // ntask, (t + 1) * K // ntask):
+            _round_b_row(b, ub, k, 0, N, row, bpk, k * T, K * T, ntile, T, mbits, bias, st)
+        part_b[t, 1] = st[1]
+        part_b[t, 2] = st[2]
 
 
 _F32_MIN_NORMAL = 2.0 ** -126
@@ -477,41 +548,56 @@ BAD_OPERAND = np.int64(-2)
 
 
 @kernel
-def reduced_product(a, apk, lda, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias,
-                    allow_fused):
+def reduced_product(a, apk, lda, b, bpk, c, out, T, ntask, Np, bpp, tpp, kc, mbits, bias,
+                    allow_fused, fresh):
     """The tiled reduced GEMM in one launch (no Python between its two parallel loops,
     so the thread pool's workers are still awake for the second): round and pack both
     float64 operands (``ntask`` tasks of :func:`_pack_task`), then the product ``out =
     float64(a16 @ b16)`` by the module's specification (:func:`_gemm_task` over tasks of
     ``bpp`` row blocks x ``tpp`` tiles; ``out`` C-contiguous), with the
     exact-FMA micro-kernel where ``allow_fused`` and :func:`_products_exact` say so.
+    ``fresh`` (1: few columns, 2: few rows): only the short operand (``b``, ``a``) is
+    rounded first; the tasks round the long one chunk by chunk (see :func:`_gemm_task`).
 
     Returns :data:`BAD_OPERAND` when an operand holds NaN/inf or an entry overflows in the
-    format (nothing is multiplied: the caller's checked path names the entry), else the
-    first flat index of a non-finite output, or NO_INDEX (-1).  Each output's chain runs in
-    one task and the statistics fold with max/min, so any thread count gives the same
-    bits and verdicts."""
-    nmb = apk.shape[0] // (lda * TCB)
+    format (the caller's checked path names the entry), else the first flat index of a
+    non-finite output, or NO_INDEX (-1).  Each output's chain runs in one task and the
+    statistics fold with max/min, so any thread count gives the same bits and
+    verdicts."""
+    nmb = (a.shape[0] + TCB - 1) // TCB
     ntile = Np // T
     part_a = np.zeros((ntask, 3), dtype=np.int64)
     part_b = np.zeros((ntask, 3), dtype=np.int64)
+    sides = 3 - fresh                     # both; b (few columns); a (few rows)
     for t in prange(ntask):
-        _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b)
+        _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b, sides)
     stats_a = np.empty(3, dtype=np.int64)
     stats_b = np.empty(3, dtype=np.int64)
     _fold_stats(part_a, stats_a)
     _fold_stats(part_b, stats_b)
     finish_stats(stats_a, mbits, bias)
     finish_stats(stats_b, mbits, bias)
-    if run_verdict(stats_a, bias) != 0 or run_verdict(stats_b, bias) != 0:
-        return BAD_OPERAND
-    fused = allow_fused and _products_exact(stats_a, stats_b)
+    fixed = stats_b if fresh == 1 else stats_a
+    if fresh != 0:
+        if run_verdict(fixed, bias) != 0:
+            return BAD_OPERAND
+        fused = allow_fused
+    else:
+        if run_verdict(stats_a, bias) != 0 or run_verdict(stats_b, bias) != 0:
+            return BAD_OPERAND
+        fused = allow_fused and _products_exact(stats_a, stats_b)
     ntasks = ((nmb + bpp - 1) // bpp) * ((ntile + tpp - 1) // tpp)
     first_bad = np.full(ntasks, NO_INDEX, dtype=np.int64)
+    part = np.zeros((ntasks, 3), dtype=np.int64)
     out_flat = out.reshape(-1)
     for t in prange(ntasks):
-        first_bad[t] = _gemm_task(apk, lda, bpk, c, a.shape[1], Np, T, bpp, tpp, fused, out,
-                                  out_flat, t)
+        first_bad[t] = _gemm_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh,
+                                  fixed, part, mbits, bias, out, out_flat, t)
+    if fresh != 0:    # the verdict on the operand rounded by the tasks
+        _fold_stats(part, stats_a)
+        finish_stats(stats_a, mbits, bias)
+        if run_verdict(stats_a, bias) != 0:
+            return BAD_OPERAND
     best = np.int64(NO_INDEX)
     for t in range(ntasks):
         if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
@@ -568,7 +654,13 @@ def _slowest_run(nmb, bpp, ntile, tpp, threads):
     return worst
 
 
-_PLANS = {}       # (M, K, N, threads) -> (T, Np, bpp, tpp, ntask, lda, a, b, c workspace sizes)
+_PLANS = {}       # (M, K, N, threads) -> the launch arguments of reduced_tiled
+
+#: at most this many rows (columns) make a product "skinny": its long operand is
+#: rounded by the product's tasks as they go, never written back (batch-1 inference,
+#: 1 x 4096 x 4096, 2 threads: AVX2 15.6 -> 9.8 ms, AVX-512 10.5 -> 8.1 ms; 4096 x 4096
+#: x 1: 10.2 -> 6.5 and 9.6 -> 6.4 ms; reading the float64 operand alone takes ~4.5 ms)
+SKINNY = 16
 
 
 def _row_stride(K):
@@ -578,21 +670,44 @@ def _row_stride(K):
     return K + 16 if K % 512 == 0 else K
 
 
+def _skinny_tasks(nmb, ntile, T, fresh, threads):
+    """(bpp, tpp, kc) of a skinny product (see :func:`_gemm_task`): few rows (``fresh``
+    2): every row block in each task and one panel of tiles per thread (each task rounds
+    its own columns of ``b``, so the wider the better: rows read in runs of 512 columns
+    streamed at ~60 % the speed of runs of 2048), ``kc`` rows at a time into a buffer of
+    at most 256 KiB (half of L2); few columns (1): every tile and at least ``_TASKS``
+    groups of row blocks, each block's chains over the whole K at once."""
+    if fresh == 2:
+        tpp = -(-ntile // max(1, min(threads, ntile)))
+        kc = max(8, min(TKC, (256 * 1024 // 4) // (tpp * T)) // 8 * 8)
+        return nmb, tpp, kc
+    bpp = max(1, min(nmb, 16))
+    while -(-nmb // bpp) < _TASKS and bpp > 1:
+        bpp = -(-bpp // 2)
+    return -(-nmb // -(-nmb // bpp)), ntile, 1 << 62
+
+
 def _plan(M, K, N, threads):
     """The launch shape of :func:`reduced_tiled` for an ``[M, K] x [K, N]`` product on
     ``threads`` threads (``threads`` 1: the serial launch), computed once per shape: the
     call's Python stays short (right after a launch the interpreter runs from cold caches,
-    several microseconds per function call)."""
+    several microseconds per function call).  ``(T, Np, bpp, tpp, ntask, lda, fresh,
+    a, b, c workspace sizes)``."""
     key = (M, K, N, threads)
     plan = _PLANS.get(key)
     if plan is None:
         Mp, T, Np, bpp, tpp = _tiles(M, N, threads)
+        fresh = 2 if M <= SKINNY and M <= N else (1 if N <= SKINNY else 0)
+        kc = TKC
+        if fresh:
+            bpp, tpp, kc = _skinny_tasks(Mp // TCB, Np // T, T, fresh, threads)
         # the rounding: one task per thread, each an equal share of both operands (2
         # threads, 256^3: 54 -> 48 us against one task per row block; 8 or 32 tasks were
         # slower)
         ntask = max(1, min(max(Mp // TCB, K), threads))
         lda = _row_stride(K)
-        plan = (T, Np, bpp, tpp, ntask, lda, Mp * lda, Np * K, Mp * Np)
+        plan = (T, Np, bpp, tpp, kc, ntask, lda, fresh, Mp * lda if fresh != 1 else 0,
+                Np * K if fresh != 2 else 0, Mp * Np)
         if len(_PLANS) > 256:
             _PLANS.clear()
         _PLANS[key] = plan
@@ -614,9 +729,9 @@ def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     from .gemm_f64 import _workspace
     M, K = a.shape
     launch = reduced_product.when_small(serial)
-    T, Np, bpp, tpp, ntask, lda, na, nb, nc = _plan(
+    T, Np, bpp, tpp, kc, ntask, lda, fresh, na, nb, nc = _plan(
         M, K, b.shape[1], 1 if launch is reduced_product.serial else numba.get_num_threads())
     bad = int(launch(a, _workspace("a32", na, np.float32), lda, b,
                      _workspace("b32", nb, np.float32), _workspace("c32", nc, np.float32), out,
-                     T, ntask, Np, bpp, tpp, mbits, bias, bool(allow_fused)))
+                     T, ntask, Np, bpp, tpp, kc, mbits, bias, bool(allow_fused), fresh))
     return None if bad == BAD_OPERAND else bad
