@@ -314,21 +314,58 @@ def tile_width(n):
 
 
 @inlined
-def _gemm_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh, fixed, part,
-               mbits, bias, out, of, t):
+def _gemm_task(apk, lda, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
     """Task ``t`` of :func:`reduced_product`'s product: ``bpp`` row blocks x ``tpp``
-    tiles of the sequential-k float32 product of ``a16 [Mp, K]`` and ``b16 [K, Np]``, in
-    chunks of ``kc`` terms in k order (``fused``: ``fma``, valid only when every product
-    is exact; see :func:`gemm_f32_seq`), written to ``out [M, N]`` (float64; ``of`` its
-    flat view): blocks inside ``out`` widen their last chunk straight into it; the edge
-    blocks (rows past M, columns past N) keep theirs in ``c [Mp, Np]`` (float32, flat
-    workspace) and are widened from there.  Returns the first flat index ``i*N + j`` of a
-    non-finite output of the task, or NO_INDEX (-1).
+    tiles of the sequential-k float32 product of ``apk`` (``a [Mp, K]``, row-major rows
+    ``lda`` apart, read in place) and ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), K chunk after chunk in
+    k order (``fused``: ``fma``, valid only when every product is exact; see
+    :func:`gemm_f32_seq`), written to ``out [M, N]`` (float64; ``of`` its flat view):
+    blocks inside ``out`` widen their last chunk straight into it; the edge blocks (rows
+    past M, columns past N) keep theirs in ``c [Mp, Np]`` (float32, flat workspace) and
+    are widened from there.  Returns the first flat index ``i*N + j`` of a non-finite
+    output of the task, or NO_INDEX (-1)."""
+    M = out.shape[0]
+    N = out.shape[1]
+    Mp = c.shape[0] // Np
+    nmb = Mp // TCB
+    V = T // TL
+    ntile = Np // T
+    pn = (ntile + tpp - 1) // tpp
+    im = t // pn
+    jn = t % pn
+    b0 = im * bpp
+    b1 = min(nmb, b0 + bpp)
+    t0 = jn * tpp
+    t1 = min(ntile, t0 + tpp)
+    full_b = min(b1, M // TCB)          # blocks b0 .. full_b-1 lie inside out's rows
+    full_t = min(t1, N // T)            # tiles t0 .. full_t-1 inside its columns
+    bad = np.int64(0)
+    for k0 in range(0, K, TKC):
+        nk = min(TKC, K - k0)
+        first = k0 == 0
+        last = k0 + nk == K
+        for tile in range(t0, t1):
+            bbase = (tile * K + k0) * T
+            for blk in range(b0, b1):
+                ab = blk * TCB * lda + k0
+                cb = blk * TCB * Np + tile * T
+                pf = cb + TCB * Np if blk + 1 < b1 else b0 * TCB * Np + (tile + 1) * T
+                if last and blk < full_b and tile < full_t:
+                    bad |= _last_chunk(fused, V, bpk, bbase, T, apk, ab, lda, nk, c, cb, Np,
+                                       first, pf, of, blk * TCB * N + tile * T, N)
+                else:
+                    _chunk(fused, V, bpk, bbase, T, apk, ab, lda, nk, c, cb, Np, first, pf)
+    return _task_edges(c, Np, out, b0, b1, t0, t1, full_b, full_t, T, bad)
 
-    The operands: ``apk`` (a's rounded rows, ``lda`` apart, read in place) and ``bpk``
-    (b's rounded values packed ``[Np/T, K, T]``), both rounded before the product; or,
-    for a skinny product, the long operand (float64) is rounded here, into the task's own
-    buffer, right before it is used, so that it is read once and never written back:
+
+@inlined
+def _skinny_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh, fixed, part,
+                 mbits, bias, out, of, t):
+    """Task ``t`` of :func:`reduced_skinny`'s product: :func:`_gemm_task`'s loop nest
+    (``kc`` terms per chunk) for a skinny product, whose short operand was rounded
+    before (``apk`` or ``bpk``) and whose long operand (float64) is rounded here, into
+    the task's own buffer, right before it is used, so that it is read once and never
+    written back:
     ``fresh`` 1 (few columns: ``a``), each row block's six whole rows in one go (long
     runs: rows read a chunk at a time were streamed at half the speed); ``fresh`` 2 (few
     rows: ``b``), the task's columns of ``kc`` rows at a time.  Each part so rounded runs
@@ -358,55 +395,37 @@ def _gemm_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh, fixed,
     ach = np.zeros(TCB * lda if fresh == 1 else 0, dtype=np.float32)
     bch = np.empty((t1 - t0) * kc * T if fresh == 2 else 0, dtype=np.float32)
     row = np.zeros((t1 - t0) * T if fresh == 2 else 0, dtype=np.float32)
-    ua = a.view(np.int64)
-    ub = b.view(np.int64)
-    st = np.empty(3, dtype=np.int64)
-    fin = np.empty(3, dtype=np.int64)
     part[t, 0] = 0
     part[t, 1] = _NONE
     part[t, 2] = 0
     use = fused
     bad = np.int64(0)
+    # where each part of the operands lies, chosen once (no branch inside the loops): b's
+    # tile ``tile`` at ``(tile - tb) * tstep + k0 * kstep`` of ``bsrc``; a's block ``blk``
+    # at ``(blk - bb) * TCB * lda + k0`` of ``asrc`` (fresh 1: the block's own rows, k0
+    # from 0: its whole rows are rounded)
+    bsrc = bch if fresh == 2 else bpk
+    tb = t0 if fresh == 2 else 0
+    tstep = kc * T if fresh == 2 else K * T
+    kstep = 0 if fresh == 2 else T
+    asrc = ach if fresh == 1 else apk
     # fresh 1: one pass per row block (its rows rounded first); otherwise one pass
     for g in range(b1 - b0 if fresh == 1 else 1):
         blo = b0 + g if fresh == 1 else b0
         bhi = blo + 1 if fresh == 1 else b1
+        bb = blo if fresh == 1 else 0
         for k0 in range(0, K, kc):
             nk = min(kc, K - k0)
             first = k0 == 0
             last = k0 + nk == K
             if (fresh == 1 and first) or fresh == 2:
-                st[0] = 0
-                st[1] = _NONE
-                st[2] = 0
-                if fresh == 1:
-                    for i in range(blo * TCB, min(M, bhi * TCB)):
-                        round_run(a[i], ua[i], ach, (i - blo * TCB) * lda, K, mbits, bias,
-                                  st)
-                    for i in range(max(0, M - blo * TCB) * lda, TCB * lda):
-                        ach[i] = 0.0            # the rows past M
-                else:
-                    n0 = t0 * T
-                    for k in range(k0, k0 + nk):
-                        _round_b_row(b, ub, k, n0, min(N, t1 * T) - n0, row, bch,
-                                     (k - k0) * T, kc * T, t1 - t0, T, mbits, bias, st)
-                part[t, 1] = min(part[t, 1], st[1])
-                part[t, 2] = max(part[t, 2], st[2])
-                fin[0] = 0
-                fin[1] = st[1]
-                fin[2] = st[2]
-                finish_stats(fin, mbits, bias)
-                use = fused and _products_exact(fixed, fin)
+                exact = _round_fresh(a, b, fresh, blo, bhi, lda, ach, k0, nk, t0, t1, T, kc,
+                                     row, bch, fixed, part, t, mbits, bias)
+                use = fused and exact       # (the rounding runs whatever fused is)
             for tile in range(t0, t1):
-                if fresh == 2:
-                    bsrc = bch
-                    bbase = (tile - t0) * kc * T
-                else:
-                    bsrc = bpk
-                    bbase = (tile * K + k0) * T
+                bbase = (tile - tb) * tstep + k0 * kstep
                 for blk in range(blo, bhi):
-                    asrc = ach if fresh == 1 else apk
-                    ab = k0 if fresh == 1 else blk * TCB * lda + k0
+                    ab = (blk - bb) * TCB * lda + k0
                     cb = blk * TCB * Np + tile * T
                     pf = cb + TCB * Np if blk + 1 < bhi else blo * TCB * Np + (tile + 1) * T
                     if last and blk < full_b and tile < full_t:
@@ -415,11 +434,22 @@ def _gemm_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh, fixed,
                     else:
                         _chunk(use, V, bsrc, bbase, T, asrc, ab, lda, nk, c, cb, Np, first,
                                pf)
+    return _task_edges(c, Np, out, b0, b1, t0, t1, full_b, full_t, T, bad)
+
+
+@helper
+def _task_edges(c, Np, out, b0, b1, t0, t1, full_b, full_t, T, bad):
+    """The end of a product task (row blocks ``b0 .. b1-1`` x tiles ``t0 .. t1-1``):
+    widen its edges -- the rows of a partial last block, then the columns of a partial
+    tile, kept in ``c`` -- into ``out``; returns the first flat index ``i*N + j`` of a
+    non-finite output of the task (``bad``: whether the widened tiles had one), or
+    NO_INDEX (-1)."""
+    M = out.shape[0]
+    N = out.shape[1]
     i0 = b0 * TCB
     i1 = min(M, b1 * TCB)
     j0 = t0 * T
     j1 = min(N, t1 * T)
-    # the edges: the rows of a partial last block, then the columns of a partial tile
     e = max(i0, full_b * TCB)
     bad |= np.int64(_widen(c, Np, out, e, i1, j0, j1) >= 0)
     bad |= np.int64(_widen(c, Np, out, i0, e, max(j0, full_t * T), j1) >= 0)
@@ -429,6 +459,40 @@ def _gemm_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh, fixed,
                 if not np.isfinite(out[i, j]):
                     return np.int64(i) * N + j
     return np.int64(NO_INDEX)
+
+
+@helper
+def _round_fresh(a, b, fresh, blo, bhi, lda, ach, k0, nk, t0, t1, T, kc, row, bch, fixed,
+                 part, t, mbits, bias):
+    """The part of a skinny product's long operand that :func:`_gemm_task` uses next,
+    rounded into the task's buffer: ``fresh`` 1, the six whole rows of ``a``'s row block
+    ``blo`` into ``ach`` (``lda`` apart, zero past M); 2, rows ``k0 .. k0+nk-1`` of
+    ``b``'s tiles ``t0 .. t1-1`` into ``bch`` (``[tile, kc, T]``, zero past N).  Folds the
+    raw statistics into ``part[t]``; returns whether every product of this part with the
+    other operand (finished statistics ``fixed``) is exact (:func:`_products_exact`).
+    A compiled helper, called once per part: inlined, its loops doubled the compile time
+    of the parallel product."""
+    _wide()
+    M, K = a.shape
+    N = b.shape[1]
+    st = np.zeros(3, dtype=np.int64)
+    st[1] = _NONE
+    if fresh == 1:
+        ua = a.view(np.int64)
+        for i in range(blo * TCB, min(M, bhi * TCB)):
+            round_run(a[i], ua[i], ach, (i - blo * TCB) * lda, K, mbits, bias, st)
+        for i in range(max(0, M - blo * TCB) * lda, TCB * lda):
+            ach[i] = 0.0                        # the rows past M
+    else:
+        ub = b.view(np.int64)
+        n0 = t0 * T
+        for k in range(k0, k0 + nk):
+            _round_b_row(b, ub, k, n0, min(N, t1 * T) - n0, row, bch, (k - k0) * T, kc * T,
+                         t1 - t0, T, mbits, bias, st)
+    part[t, 1] = min(part[t, 1], st[1])
+    part[t, 2] = max(part[t, 2], st[2])
+    finish_stats(st, mbits, bias)
+    return _products_exact(fixed, st)
 
 
 @helper
@@ -548,56 +612,82 @@ BAD_OPERAND = np.int64(-2)
 
 
 @kernel
-def reduced_product(a, apk, lda, b, bpk, c, out, T, ntask, Np, bpp, tpp, kc, mbits, bias,
-                    allow_fused, fresh):
+def reduced_product(a, apk, lda, b, bpk, c, out, T, ntask, Np, bpp, tpp, mbits, bias,
+                    allow_fused):
     """The tiled reduced GEMM in one launch (no Python between its two parallel loops,
     so the thread pool's workers are still awake for the second): round and pack both
     float64 operands (``ntask`` tasks of :func:`_pack_task`), then the product ``out =
     float64(a16 @ b16)`` by the module's specification (:func:`_gemm_task` over tasks of
     ``bpp`` row blocks x ``tpp`` tiles; ``out`` C-contiguous), with the
     exact-FMA micro-kernel where ``allow_fused`` and :func:`_products_exact` say so.
-    ``fresh`` (1: few columns, 2: few rows): only the short operand (``b``, ``a``) is
-    rounded first; the tasks round the long one chunk by chunk (see :func:`_gemm_task`).
 
     Returns :data:`BAD_OPERAND` when an operand holds NaN/inf or an entry overflows in the
-    format (the caller's checked path names the entry), else the first flat index of a
-    non-finite output, or NO_INDEX (-1).  Each output's chain runs in one task and the
-    statistics fold with max/min, so any thread count gives the same bits and
-    verdicts."""
-    nmb = (a.shape[0] + TCB - 1) // TCB
+    format (nothing is multiplied: the caller's checked path names the entry), else the
+    first flat index of a non-finite output, or NO_INDEX (-1).  Each output's chain runs in
+    one task and the statistics fold with max/min, so any thread count gives the same
+    bits and verdicts."""
+    nmb = apk.shape[0] // (lda * TCB)
     ntile = Np // T
     part_a = np.zeros((ntask, 3), dtype=np.int64)
     part_b = np.zeros((ntask, 3), dtype=np.int64)
-    sides = 3 - fresh                     # both; b (few columns); a (few rows)
     for t in prange(ntask):
-        _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b, sides)
+        _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b, 3)
     stats_a = np.empty(3, dtype=np.int64)
     stats_b = np.empty(3, dtype=np.int64)
     _fold_stats(part_a, stats_a)
     _fold_stats(part_b, stats_b)
     finish_stats(stats_a, mbits, bias)
     finish_stats(stats_b, mbits, bias)
-    fixed = stats_b if fresh == 1 else stats_a
-    if fresh != 0:
-        if run_verdict(fixed, bias) != 0:
-            return BAD_OPERAND
-        fused = allow_fused
-    else:
-        if run_verdict(stats_a, bias) != 0 or run_verdict(stats_b, bias) != 0:
-            return BAD_OPERAND
-        fused = allow_fused and _products_exact(stats_a, stats_b)
+    if run_verdict(stats_a, bias) != 0 or run_verdict(stats_b, bias) != 0:
+        return BAD_OPERAND
+    fused = allow_fused and _products_exact(stats_a, stats_b)
+    ntasks = ((nmb + bpp - 1) // bpp) * ((ntile + tpp - 1) // tpp)
+    first_bad = np.full(ntasks, NO_INDEX, dtype=np.int64)
+    out_flat = out.reshape(-1)
+    for t in prange(ntasks):
+        first_bad[t] = _gemm_task(apk, lda, bpk, c, a.shape[1], Np, T, bpp, tpp, fused, out,
+                                  out_flat, t)
+    best = np.int64(NO_INDEX)
+    for t in range(ntasks):
+        if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
+            best = first_bad[t]
+    return best
+
+
+@kernel
+def reduced_skinny(a, apk, lda, b, bpk, c, out, T, ntask, Np, bpp, tpp, kc, mbits, bias,
+                   allow_fused, fresh):
+    """:func:`reduced_product` for a skinny product (``fresh`` 1: at most ``SKINNY``
+    columns; 2: rows): only the short operand (``b``; ``a``) is rounded first (``ntask``
+    tasks of :func:`_pack_task`); the tasks of :func:`_skinny_task` round the long one
+    as they use it.  The same answers as :func:`reduced_product`: the product, or
+    :data:`BAD_OPERAND` (found before the product for the short operand, after it for the
+    long one: the product is then discarded), else the first flat index of a non-finite
+    output, or NO_INDEX (-1).  Its own kernel: the skinny loop nest compiles only for a
+    program that has such a product."""
+    nmb = (a.shape[0] + TCB - 1) // TCB
+    ntile = Np // T
+    part_a = np.zeros((ntask, 3), dtype=np.int64)
+    part_b = np.zeros((ntask, 3), dtype=np.int64)
+    for t in prange(ntask):
+        _pack_task(a, apk, lda, b, bpk, T, t, ntask, mbits, bias, part_a, part_b, 3 - fresh)
+    fixed = np.empty(3, dtype=np.int64)
+    _fold_stats(part_b if fresh == 1 else part_a, fixed)
+    finish_stats(fixed, mbits, bias)
+    if run_verdict(fixed, bias) != 0:
+        return BAD_OPERAND
     ntasks = ((nmb + bpp - 1) // bpp) * ((ntile + tpp - 1) // tpp)
     first_bad = np.full(ntasks, NO_INDEX, dtype=np.int64)
     part = np.zeros((ntasks, 3), dtype=np.int64)
     out_flat = out.reshape(-1)
     for t in prange(ntasks):
-        first_bad[t] = _gemm_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh,
-                                  fixed, part, mbits, bias, out, out_flat, t)
-    if fresh != 0:    # the verdict on the operand rounded by the tasks
-        _fold_stats(part, stats_a)
-        finish_stats(stats_a, mbits, bias)
-        if run_verdict(stats_a, bias) != 0:
-            return BAD_OPERAND
+        first_bad[t] = _skinny_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, allow_fused,
+                                    fresh, fixed, part, mbits, bias, out, out_flat, t)
+    stats = np.empty(3, dtype=np.int64)     # the verdict on the long operand
+    _fold_stats(part, stats)
+    finish_stats(stats, mbits, bias)
+    if run_verdict(stats, bias) != 0:
+        return BAD_OPERAND
     best = np.int64(NO_INDEX)
     for t in range(ntasks):
         if first_bad[t] >= 0 and (best < 0 or first_bad[t] < best):
@@ -729,9 +819,13 @@ def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     from .gemm_f64 import _workspace
     M, K = a.shape
     launch = reduced_product.when_small(serial)
-    T, Np, bpp, tpp, kc, ntask, lda, fresh, na, nb, nc = _plan(
-        M, K, b.shape[1], 1 if launch is reduced_product.serial else numba.get_num_threads())
-    bad = int(launch(a, _workspace("a32", na, np.float32), lda, b,
-                     _workspace("b32", nb, np.float32), _workspace("c32", nc, np.float32), out,
-                     T, ntask, Np, bpp, tpp, kc, mbits, bias, bool(allow_fused), fresh))
+    threads = 1 if launch is reduced_product.serial else numba.get_num_threads()
+    T, Np, bpp, tpp, kc, ntask, lda, fresh, na, nb, nc = _plan(M, K, b.shape[1], threads)
+    ws = (_workspace("a32", na, np.float32), lda, b, _workspace("b32", nb, np.float32),
+          _workspace("c32", nc, np.float32), out, T, ntask, Np, bpp, tpp)
+    if fresh:
+        skinny = reduced_skinny if threads > 1 else reduced_skinny.serial
+        bad = int(skinny(a, *ws, kc, mbits, bias, bool(allow_fused), fresh))
+    else:
+        bad = int(launch(a, *ws, mbits, bias, bool(allow_fused)))
     return None if bad == BAD_OPERAND else bad
