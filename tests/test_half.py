@@ -568,32 +568,52 @@ def test_reduced_gemm_paths_same_errors(path):
     assert msgs[0] == msgs[1] and "[0, 0]" in msgs[0]
 
 
-@pytest.mark.parametrize("path", _RPATHS)
-def test_reduced_gemm_exact_fma_only_where_products_are_exact(path):
-    # BF16: rows 50..59 of a are zero but for terms 300..399 (~2**-75), which meet rows of
-    # b of ~2**-74: their products (~2**-149) are inexact in float32 and the outputs of
-    # those rows sums of them alone, so a fused multiply-add would change their bits
-    # (test_reduced_gemm_no_fused_multiply_add); every other (rows, K chunk) pair has
-    # exact products, so a kernel that proves exactness per task or per K chunk may use
-    # the fused kernel there.  K spans several chunks and the rows several tasks.  The
-    # result must be the specified one everywhere (against the portable kernel, the
-    # forced separate arithmetic and the oracle on the band's rows), for any thread count.
-    rng = np.random.default_rng(33)
-    m, k, n = 100, 700, 90
+def _inexact_band(rng, m, k, n, band):
+    """BF16 operands whose rows ``band`` of a hold two terms only, the last two (k - 2
+    and k - 1; test_reduced_gemm_no_fused_multiply_add's): ``-2**-75 * 2**-74 =
+    -2**-149``, then ``c * c`` with ``c = (1 + 2**-7) 2**-75``, which rounds up to
+    ``+2**-149`` in float32, so each output of those rows is ``+0.0``; a fused
+    multiply-add would give ``-0.0`` (last, so that no later zero product resets the
+    sign).  Every other product is exact in float32 (normal values, or a normal value
+    times ``2**-74`` or ``c``).  Both operands hold float32 values (ml_dtypes rounds
+    float32 once, correctly)."""
+    c = (1 + 2.0 ** -7) * 2.0 ** -75
     a = rng.standard_normal((m, k))
-    a[50:60] = 0.0
-    a[50:60, 300:400] = rng.standard_normal((10, 100)) * 2.0 ** -75
+    a[band] = 0.0
+    a[band, k - 2] = -(2.0 ** -75)
+    a[band, k - 1] = c
     b = rng.standard_normal((k, n))
-    b[300:400] *= 2.0 ** -74
-    a = a.astype(np.float32).astype(np.float64)   # ml_dtypes rounds float32 once, correctly
-    b = b.astype(np.float32).astype(np.float64)
+    b[k - 2] = 2.0 ** -74
+    b[k - 1] = c
+    return a.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64)
+
+
+def _band_checked(path, a, b, rows):
+    """``path``'s BF16 product of :func:`_inexact_band`'s operands, held to the portable
+    kernel, to the forced separate arithmetic and, on ``rows``, to the oracle."""
     got = _reduced(path, BF16, a, b)
     assert same_bits(got, _reduced("portable", BF16, a, b))
     with _half_mod.forced_arithmetic("separate"):
         assert same_bits(_reduced(path, BF16, a, b), got)
     a16 = a.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
     b16 = b.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-    assert same_bits(got[48:53], ref.reduced_gemm_f32(a16[48:53], b16)[0])
+    assert same_bits(got[rows], ref.reduced_gemm_f32(a16[rows], b16)[0])
+    band = np.flatnonzero(a[:, -2] == -(2.0 ** -75))
+    assert not np.signbit(got[band]).any() and not got[band].any()     # +0.0 throughout
+    return got
+
+
+@pytest.mark.parametrize("path", _RPATHS)
+def test_reduced_gemm_exact_fma_only_where_products_are_exact(path):
+    # BF16: rows 50..59 of a hold two terms only, the last two, whose products are
+    # inexact in float32 and sum to +0.0 (a fused multiply-add would give -0.0: see
+    # _inexact_band); every other (rows, K chunk) pair has exact products, so a kernel
+    # that proves exactness per task or per K chunk may use the fused kernel there.  K spans several chunks and the rows several tasks.  The
+    # result must be the specified one everywhere (against the portable kernel, the
+    # forced separate arithmetic and the oracle on the band's rows), for any thread count.
+    rng = np.random.default_rng(33)
+    a, b = _inexact_band(rng, 100, 700, 90, slice(50, 60))
+    got = _band_checked(path, a, b, slice(48, 53))
     import numba
     threads = numba.get_num_threads()
     try:                            # one thread: other tasks, the same bits
@@ -640,21 +660,9 @@ def test_reduced_gemm_skinny_late_bad_entry_and_exact_fma_per_part(path):
                 spot = "(650, %d)" % (n - 3)
             msgs = _path_errors(err, path, FP16, x, y)
             assert msgs[0] == msgs[1] and spot in msgs[0]
-    for m, k, n, band in ((5, 900, 700, slice(2, 3)), (700, 900, 7, slice(350, 360))):
-        a = rng.standard_normal((m, k))
-        a[band] = 0.0
-        a[band, 300:400] = rng.standard_normal((a[band].shape[0], 100)) * 2.0 ** -75
-        b = rng.standard_normal((k, n))
-        b[300:400] *= 2.0 ** -74
-        a = a.astype(np.float32).astype(np.float64)
-        b = b.astype(np.float32).astype(np.float64)
-        got = _reduced(path, BF16, a, b)
-        assert same_bits(got, _reduced("portable", BF16, a, b))
-        with _half_mod.forced_arithmetic("separate"):
-            assert same_bits(_reduced(path, BF16, a, b), got)
-        a16 = a.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-        b16 = b.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-        assert same_bits(got[band], ref.reduced_gemm_f32(a16[band], b16)[0])
+    for m, k, n, band in ((5, 900, 700, slice(2, 3)), (700, 900, 7, slice(348, 362))):
+        a, b = _inexact_band(rng, m, k, n, band)
+        _band_checked(path, a, b, band)
 
 
 def test_reduced_gemm_forced_path_errors():

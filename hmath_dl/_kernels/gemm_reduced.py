@@ -314,11 +314,28 @@ def tile_width(n):
 
 
 @inlined
+def _task_span(M, N, c, Np, T, bpp, tpp, t):
+    """Task ``t``'s row blocks ``b0 .. b1-1`` and tiles ``t0 .. t1-1`` (tasks row-group
+    major, ``bpp`` blocks x ``tpp`` tiles each) of an ``[M, N]`` product padded to ``c``'s
+    ``[Mp, Np]``, and the ends of those inside ``out``: ``(b0, b1, t0, t1, full_b,
+    full_t)``."""
+    nmb = c.shape[0] // Np // TCB
+    ntile = Np // T
+    pn = (ntile + tpp - 1) // tpp
+    b0 = t // pn * bpp
+    b1 = min(nmb, b0 + bpp)
+    t0 = t % pn * tpp
+    t1 = min(ntile, t0 + tpp)
+    # blocks b0 .. full_b-1 lie inside out's rows, tiles t0 .. full_t-1 inside its columns
+    return b0, b1, t0, t1, min(b1, M // TCB), min(t1, N // T)
+
+
+@inlined
 def _gemm_task(apk, lda, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
     """Task ``t`` of :func:`reduced_product`'s product: ``bpp`` row blocks x ``tpp``
     tiles of the sequential-k float32 product of ``apk`` (``a [Mp, K]``, row-major rows
-    ``lda`` apart, read in place) and ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), K chunk after chunk in
-    k order (``fused``: ``fma``, valid only when every product is exact; see
+    ``lda`` apart, read in place) and ``bpk`` (``b [K, Np]`` packed ``[Np/T, K, T]``), K
+    chunk after chunk in k order (``fused``: ``fma``, valid only when every product is exact; see
     :func:`gemm_f32_seq`), written to ``out [M, N]`` (float64; ``of`` its flat view):
     blocks inside ``out`` widen their last chunk straight into it; the edge blocks (rows
     past M, columns past N) keep theirs in ``c [Mp, Np]`` (float32, flat workspace) and
@@ -326,19 +343,8 @@ def _gemm_task(apk, lda, bpk, c, K, Np, T, bpp, tpp, fused, out, of, t):
     output of the task, or NO_INDEX (-1)."""
     M = out.shape[0]
     N = out.shape[1]
-    Mp = c.shape[0] // Np
-    nmb = Mp // TCB
+    b0, b1, t0, t1, full_b, full_t = _task_span(M, N, c, Np, T, bpp, tpp, t)
     V = T // TL
-    ntile = Np // T
-    pn = (ntile + tpp - 1) // tpp
-    im = t // pn
-    jn = t % pn
-    b0 = im * bpp
-    b1 = min(nmb, b0 + bpp)
-    t0 = jn * tpp
-    t1 = min(ntile, t0 + tpp)
-    full_b = min(b1, M // TCB)          # blocks b0 .. full_b-1 lie inside out's rows
-    full_t = min(t1, N // T)            # tiles t0 .. full_t-1 inside its columns
     bad = np.int64(0)
     for k0 in range(0, K, TKC):
         nk = min(TKC, K - k0)
@@ -377,19 +383,8 @@ def _skinny_task(a, b, apk, lda, bpk, c, Np, T, bpp, tpp, kc, fused, fresh, fixe
     M = out.shape[0]
     N = out.shape[1]
     K = a.shape[1]
-    Mp = c.shape[0] // Np
-    nmb = Mp // TCB
+    b0, b1, t0, t1, full_b, full_t = _task_span(M, N, c, Np, T, bpp, tpp, t)
     V = T // TL
-    ntile = Np // T
-    pn = (ntile + tpp - 1) // tpp
-    im = t // pn
-    jn = t % pn
-    b0 = im * bpp
-    b1 = min(nmb, b0 + bpp)
-    t0 = jn * tpp
-    t1 = min(ntile, t0 + tpp)
-    full_b = min(b1, M // TCB)          # blocks b0 .. full_b-1 lie inside out's rows
-    full_t = min(t1, N // T)            # tiles t0 .. full_t-1 inside its columns
     # the fresh operand's buffers: a block's rows, lda apart (zero past M); b's tiles
     # [kc, T] and the rounded part of a row (zero past N)
     ach = np.zeros(TCB * lda if fresh == 1 else 0, dtype=np.float32)
