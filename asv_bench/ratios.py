@@ -189,8 +189,8 @@ def _dequantize_pair():
 # Issue 17: every activation on 16M float64 elements against torch's (same thread count);
 # ours checks every input and output, torch's checks nothing.
 N_ACTIVATE = (4096, 4096)   # bench_activations.BIG
-_TORCH_ACT = {"RELU": "relu", "GELU": "gelu", "SILU": "silu", "SIGMOID": "sigmoid",
-              "TANH": "tanh", "SOFTPLUS": "softplus", "ELU": "elu"}
+_TORCH_ACT = {"RELU": "relu", "LEAKY_RELU": "leaky_relu", "GELU": "gelu", "SILU": "silu",
+              "SIGMOID": "sigmoid", "TANH": "tanh", "SOFTPLUS": "softplus", "ELU": "elu"}
 
 
 def _activation_pair(name):
@@ -207,7 +207,8 @@ def _activation_pair(name):
     return ours, "torch", (lambda: fn(t))
 
 
-for _act in ("RELU", "GELU", "GELU_TANH", "SILU", "SIGMOID", "TANH", "SOFTPLUS", "ELU"):
+for _act in ("RELU", "LEAKY_RELU", "GELU", "GELU_TANH", "SILU", "SIGMOID", "TANH", "SOFTPLUS",
+             "ELU"):
     pair(f"activate {_act}", "4096 x 4096")(lambda name=_act: _activation_pair(name))
 
 

@@ -26,6 +26,7 @@ _threads.preload_tbb()
 from . import _alloc, config as _config  # noqa: E402
 
 _alloc.tune(_config.MALLOC)
+_alloc.enable_pool(_config.MALLOC)
 
 from . import errors, rng
 from .errors import (

@@ -13,6 +13,7 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _alloc
 from .errors import DomainError, NonFiniteError, NumericOverflow, ShapeError
 from ._kernels.status import NO_INDEX, NONFINITE_INPUT, NONFINITE_SOMEWHERE, OK, OVERFLOW, \
     ZERO_SLICE
@@ -251,6 +252,10 @@ def alloc(fname: str, shape: Iterable[int], dtype=np.float64, *, zero: bool = Fa
     """Allocate an output after :func:`check_size`; allocation failures become ShapeError."""
     shape = check_size(fname, shape, dtype)
     try:
+        if not zero:
+            out = _alloc.lease(shape, dtype)   # large outputs: the pool (hmath_dl._alloc)
+            if out is not None:
+                return out
         return np.zeros(shape, dtype=dtype) if zero else np.empty(shape, dtype=dtype)
     except (MemoryError, ValueError) as exc:
         raise ShapeError(f"{fname}: cannot allocate an output of shape {shape_str(shape)} ({exc})") from None

@@ -23,9 +23,11 @@ variable                       default      effect
                                             compile (:mod:`hmath_dl.precompile` compiles
                                             them ahead of time)
 ``HMATH_DL_MALLOC``            (empty)      ``system``: leave glibc's ``malloc`` thresholds
-                                            alone (by default ``import hmath_dl`` keeps
-                                            freed arrays under 32 MiB in the heap for
-                                            reuse: ``hmath_dl/_alloc.py``)
+                                            alone and allocate large outputs as numpy does
+                                            (by default ``import hmath_dl`` keeps freed
+                                            arrays under 32 MiB in the heap for reuse, and
+                                            larger outputs' blocks in a pool of up to 256
+                                            MiB: ``hmath_dl/_alloc.py``)
 =============================  ===========  =================================================
 
 Numba's own variables (``NUMBA_NUM_THREADS``, ``NUMBA_THREADING_LAYER``,

@@ -146,3 +146,45 @@ def test_freed_arrays_are_reused_without_page_faults(setting):
         pytest.skip("not glibc: the C library's allocator is left alone")
     assert state == "tuned"
     assert int(faults) < 2000, faults        # 40 MiB is 10240 pages
+
+
+_POOL = r"""
+import resource, sys
+import numpy as np
+import hmath_dl, hmath_dl._alloc as alloc
+from hmath_dl.activations import Activation, activate
+x = np.random.default_rng(0).standard_normal((1024, 6144))    # 48 MiB, above glibc's bound
+want = activate(Activation.RELU, x)                             # the pool's first block
+ptr = want.ctypes.data
+keep = want.copy()
+del want
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+again = activate(Activation.RELU, x)
+f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+same = again.ctypes.data == ptr
+view = again[::3]                      # a view keeps the block: the next output is new
+del again
+other = activate(Activation.RELU, x)
+print(f1 - f0, int(same), int(other.ctypes.data != ptr),
+      int(np.array_equal(keep, other) and np.array_equal(keep[::3], view)),
+      int(alloc.leased_whole(other)), int(not other.flags.owndata))
+"""
+
+
+@pytest.mark.parametrize("setting", ["", "system"])
+def test_large_outputs_reuse_freed_pool_blocks(setting):
+    """Outputs of 32 MiB or more come from hmath_dl._alloc's pool: the next output of the
+    same size gets a freed block back (its pages already in memory: no page faults), never
+    one that a view still uses, and the values are the same; HMATH_DL_MALLOC=system turns
+    the pool off."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               HMATH_DL_MALLOC=setting)
+    out = subprocess.run([sys.executable, "-c", _POOL], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    faults, same, other, equal, leased, not_owned = (int(v) for v in out.split())
+    assert equal
+    if setting == "system":
+        assert not leased and not not_owned
+        return
+    assert same and other and leased and not_owned
+    assert faults < 1000, faults              # 48 MiB is 12288 pages

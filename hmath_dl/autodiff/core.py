@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Mapping, Tuple
 
 import numpy as np
 
-from .. import _checks
+from .. import _alloc, _checks
 from ..errors import DomainError, ShapeError
 
 __all__ = ["ADTensor", "variable", "constant", "gradients", "unbroadcast", "VJP_RULES",
@@ -159,8 +159,8 @@ def _frozen(arr: np.ndarray) -> np.ndarray:
     if arr.dtype != np.float64 or not arr.flags.c_contiguous:
         arr = np.asarray(arr, dtype=np.float64, order="C")
     if arr.flags.writeable:
-        if arr.base is not None and not arr.flags.owndata:
-            arr = arr.copy()
+        if arr.base is not None and not arr.flags.owndata and not _alloc.leased_whole(arr):
+            arr = arr.copy()        # (a pool block's array is as fresh as an owned one)
         arr.flags.writeable = False
     return arr
 
