@@ -385,6 +385,10 @@ def _workspace(name, n, dtype=np.float64):
     """A buffer of ``n`` elements of ``dtype`` for packing, kept per Python thread and name
     and reused (fresh pages cost a fault each: a 512x1024x1024 product paid ~5 ms of its
     ~14 ms for them); requests above 64 MiB are allocated afresh.  64-byte aligned."""
+    views = _WS.__dict__.setdefault("views", {})
+    last = views.get(name)          # the view handed out last time: reused as it is when
+    if last is not None and last.shape[0] == n and last.dtype == dtype:   # n is the same
+        return last
     dtype = np.dtype(dtype)
     if n * dtype.itemsize > _WS_MAX * 8:
         return _aligned(n, dtype)
@@ -392,7 +396,8 @@ def _workspace(name, n, dtype=np.float64):
     if buf is None or buf.dtype != dtype or buf.shape[0] < n:
         buf = _aligned(max(n, 1 << 12), dtype)
         setattr(_WS, name, buf)
-    return buf[:n]
+    views[name] = view = buf[:n]
+    return view
 
 
 def _aligned(n, dtype=np.float64):

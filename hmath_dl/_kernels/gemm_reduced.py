@@ -814,7 +814,7 @@ def reduced_tiled(a, b, mbits, bias, out, allow_fused, serial=False):
     from .gemm_f64 import _workspace
     M, K = a.shape
     launch = reduced_product.when_small(serial)
-    threads = 1 if launch is reduced_product.serial else numba.get_num_threads()
+    threads = numba.get_num_threads() if launch is reduced_product.parallel else 1
     T, Np, bpp, tpp, kc, ntask, lda, fresh, na, nb, nc = _plan(M, K, b.shape[1], threads)
     ws = (_workspace("a32", na, np.float32), lda, b, _workspace("b32", nb, np.float32),
           _workspace("c32", nc, np.float32), out, T, ntask, Np, bpp, tpp)
