@@ -460,10 +460,20 @@ def a_operand(a):
     e = M % _CB
     aedge = _workspace("ae", K * _CB if e else 0)
     if e:
-        blk = aedge.reshape(K, _CB)
-        blk[:, :e] = a[M - e:].T
-        blk[:, e:] = 0.0
+        _edge_rows(flat, ak, aj, M - e, e, aedge)
     return readonly(flat), astep, ak, aj, readonly(aedge)
+
+
+@helper
+def _edge_rows(flat, ak, aj, m0, e, aedge):
+    """Rows ``m0 .. m0+e-1`` (``e < 6``) of ``a[i, k] = flat[i*aj + k*ak]`` packed into
+    ``aedge [K, 6]`` (flat; zero columns past ``e``): :func:`a_operand`'s last block.  One
+    compiled copy for both layouts (two numpy assignments per product, with their
+    strided copy, took ~10 us in the transformer step's small products)."""
+    K = aedge.shape[0] // _CB
+    for k in range(K):
+        for j in range(_CB):
+            aedge[k * _CB + j] = flat[(m0 + j) * aj + k * ak] if j < e else 0.0
 
 
 def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_axis=0,
