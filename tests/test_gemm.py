@@ -245,3 +245,36 @@ def test_a_read_in_place_and_an_output_over_it():
         inplace = a.copy()
         G.matmul(inplace, b, out=inplace, tiled=True)
         assert inplace.tobytes() == want
+
+
+@pytest.mark.parametrize("M,K,N", [(6, 7, 16), (13, 300, 40), (40, 257, 24), (100, 64, 96),
+                                   (257, 40, 24), (300, 20, 64), (7, 1100, 8)])
+def test_b_read_in_place_or_packed_gives_the_oracle_bits(M, K, N, monkeypatch):
+    """A row-major ``b`` whose rows are whole vectors is read where it lies when few
+    blocks of ``a`` reuse it (:func:`gemm_f64.b_in_place`) and packed otherwise: the same
+    chains either way, with K past one chunk, row and column edges, ``a`` in place or
+    transposed, read-only operands, and an output over ``b`` (then packed)."""
+    a, b = _rnd((M, K), M + K), _rnd((K, N), N)
+    want = ref.matmul_2d(a, b).tobytes()
+    at = np.ascontiguousarray(a.T).T
+    rb = b.copy()
+    rb.flags.writeable = False
+    vw = G._VW
+    expect_in_place = N % vw == 0 and (M <= (256 if vw >= 8 else 64)
+                                       or (vw >= 8 and K * N <= 1 << 16))
+    assert G.b_in_place(b, M, N, K) == expect_in_place
+    for flag in (True, False):
+        monkeypatch.setattr(G, "B_IN_PLACE", flag)
+        assert G.b_in_place(b, M, N, K) == (flag and expect_in_place)
+        assert G.matmul(a, b, tiled=True).tobytes() == want
+        assert G.matmul(at, rb, tiled=True).tobytes() == want
+        with forced_schedule("serial"):
+            assert G.matmul(a, b, tiled=True).tobytes() == want
+    # an output that is b itself (a square b): packed first, so still the chains
+    monkeypatch.setattr(G, "B_IN_PLACE", True)
+    sq, a_sq = _rnd((24, 24), N), _rnd((24, 24), N + 1)
+    assert G.b_in_place(sq, 24, 24, 24)
+    want_sq = ref.matmul_2d(a_sq, sq).tobytes()
+    over = sq.copy()
+    G.matmul(a_sq, over, out=over, tiled=True)
+    assert over.tobytes() == want_sq
