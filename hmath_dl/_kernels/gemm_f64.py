@@ -497,7 +497,17 @@ def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_
     gemm_tiled.run(tasks, 0 if small else gemm_tiled.limit, *a_where, readonly(bpk), bstep,
                    bk, btile, c, cstep, ldc, M, N, K, T, pm, pn,
                    _NO_BIAS if bias is None else bias, mode, bad)
-    return int(bad.sum())
+    return 0 if mode == 3 else _total(bad)
+
+
+@helper
+def _total(bad):
+    """The sum of the int64 array ``bad`` (numpy's ``sum`` method costs about 1 us warm,
+    several right after a launch; this call a quarter of that)."""
+    s = 0
+    for v in bad:
+        s += v
+    return s
 
 
 #: read a suitable b where it lies (:func:`b_in_place`); False: always pack (tests)
