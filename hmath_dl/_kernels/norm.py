@@ -36,9 +36,13 @@ DomainError with :func:`hmath_dl._checks.finish`.
 import math
 
 import numpy as np
-from numba import prange
+from llvmlite import ir as llvm_ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ._jit import helper, inlined, kernel, span_kernel
+from ._simd import _VW, _data, _is_c1
 from .checks import span_finite
 from .status import NONFINITE_INPUT, OK, OVERFLOW, ZERO_SLICE
 
@@ -50,6 +54,69 @@ LANES = 32  # partial sums per reduction; pass it as the ``lanes`` kernel argume
 _ROW_SCALE = 0.25
 
 
+@intrinsic
+def _lane_blocks(typingctx, row, nb, m, sq, acc):
+    """The lane sums of :func:`_sum` (``sq`` False) or :func:`_sumsq` about ``m`` (``sq``
+    True) over the first ``nb`` blocks of ``LANES`` elements of ``row``, into ``acc[0 ..
+    LANES-1]`` (lane ``k``: ``0.0 + e_k + e_(k+LANES) + ...`` in order; for ``sq`` each
+    term ``(e - m) * (e - m)`` rounded, then added: no fused multiply-add), kept in
+    vector registers for the whole loop (the lane loop written in Numba reloads and
+    stores its array of sums for every block).  The same operations in the same order as
+    the loops of :func:`_sum` and :func:`_sumsq`: the same bits."""
+    if not (_is_c1(row, types.float64) and _is_c1(acc, types.float64)
+            and isinstance(nb, types.Integer) and isinstance(m, types.Float)
+            and isinstance(sq, types.Boolean)):
+        return None
+    literal = sq.literal_value if isinstance(sq, types.BooleanLiteral) else None
+    sig = types.void(row, types.int64, types.float64, types.boolean, acc)
+    nv = LANES // _VW
+    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+    i64 = llvm_ir.IntType(64)
+
+    def codegen(context, builder, signature, args):
+        rowv, nbv, mv, sqv, accv = args
+        src = _data(context, builder, signature.args[0], rowv)
+        dst = _data(context, builder, signature.args[4], accv)
+        zero = llvm_ir.Constant(vty, [0.0] * _VW)
+        slots = [cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+        mvec = cgutils.alloca_once_value(builder, zero)
+        undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+        zmask = llvm_ir.Constant(llvm_ir.VectorType(llvm_ir.IntType(32), _VW), [0] * _VW)
+        builder.store(builder.shuffle_vector(builder.insert_element(
+            undef, mv, llvm_ir.Constant(llvm_ir.IntType(32), 0)), undef, zmask), mvec)
+
+        def blocks(square):
+            mm = builder.load(mvec)
+            with cgutils.for_range(builder, nbv) as loop:
+                base = builder.gep(src, [builder.mul(loop.index, llvm_ir.Constant(i64, LANES))])
+                for v in range(nv):
+                    p = builder.bitcast(builder.gep(base, [llvm_ir.Constant(i64, v * _VW)]),
+                                        vty.as_pointer())
+                    e = builder.load(p, align=8)
+                    if square:
+                        d = builder.fsub(e, mm)
+                        e = builder.fmul(d, d)
+                    builder.store(builder.fadd(builder.load(slots[v]), e), slots[v])
+
+        if literal is not None:          # the usual case: the caller's constant
+            blocks(literal)
+        else:
+            flag = sqv if sqv.type == llvm_ir.IntType(1) else builder.trunc(
+                sqv, llvm_ir.IntType(1))
+            with builder.if_else(flag) as (then, other):
+                with then:
+                    blocks(True)
+                with other:
+                    blocks(False)
+        for v in range(nv):
+            p = builder.bitcast(builder.gep(dst, [llvm_ir.Constant(i64, v * _VW)]),
+                                vty.as_pointer())
+            builder.store(builder.load(slots[v]), p, align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @inlined
 def _sum(row, acc):
     """sum(row): ``L = len(acc)`` interleaved partial sums (lane ``k`` takes elements
@@ -59,13 +126,16 @@ def _sum(row, acc):
     lanes = acc.shape[0]
     n = row.shape[0]
     nb = n // lanes
-    ul = np.uint64(lanes)   # unsigned indices: no negative-index wrap-around code
-    for k in range(ul):
-        acc[k] = 0.0
-    for b in range(np.uint64(nb)):
-        base = b * ul
+    if lanes == LANES:
+        _lane_blocks(row, nb, 0.0, False, acc)
+    else:
+        ul = np.uint64(lanes)   # unsigned indices: no negative-index wrap-around code
         for k in range(ul):
-            acc[k] += row[base + k]
+            acc[k] = 0.0
+        for b in range(np.uint64(nb)):
+            base = b * ul
+            for k in range(ul):
+                acc[k] += row[base + k]
     t = 0.0
     for k in range(lanes):
         t += acc[k]
@@ -80,14 +150,17 @@ def _sumsq(row, m, acc):
     lanes = acc.shape[0]
     n = row.shape[0]
     nb = n // lanes
-    ul = np.uint64(lanes)
-    for k in range(ul):
-        acc[k] = 0.0
-    for b in range(np.uint64(nb)):
-        base = b * ul
+    if lanes == LANES:
+        _lane_blocks(row, nb, m, True, acc)
+    else:
+        ul = np.uint64(lanes)
         for k in range(ul):
-            d = row[base + k] - m
-            acc[k] += d * d
+            acc[k] = 0.0
+        for b in range(np.uint64(nb)):
+            base = b * ul
+            for k in range(ul):
+                d = row[base + k] - m
+                acc[k] += d * d
     t = 0.0
     for k in range(lanes):
         t += acc[k]
