@@ -325,6 +325,10 @@ def _four_lanes(x, b, n, m, sq, acc):
     ``j`` in ``acc[j*lanes:(j+1)*lanes]``)."""
     lanes = acc.shape[0] // 4
     nb = n // lanes
+    if lanes == LANES:      # each row's lane sums in registers (:func:`_lane_blocks`)
+        for j in range(4):
+            _lane_blocks(x[b[j]:b[j] + n], nb, m[j], sq, acc[j * lanes:(j + 1) * lanes])
+        return
     ul = np.uint64(lanes)
     for j in range(4):
         a = acc[j * lanes:(j + 1) * lanes]
