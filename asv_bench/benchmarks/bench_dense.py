@@ -84,3 +84,49 @@ class EmbeddingLargeTable:
     def time_numpy_take(self):
         np.take(self.w, self.idx, axis=0)
 
+
+
+# The autodiff's ``@`` on constants (the library's own float64 GEMM; a row-major b is read
+# where it lies when few row blocks reuse it) on the transformer step's weight-gradient
+# shape, a batch-8 product through a large layer and a square one, against numpy's BLAS
+# and torch.
+MATMUL_SHAPES = [(64, 1024, 64), (8, 4096, 4096), (1024, 64, 256), (1024, 1024, 1024)]
+
+
+class Matmul:
+    params = [MATMUL_SHAPES]
+    param_names = ["m_k_n"]
+
+    def setup(self, mkn):
+        from hmath_dl import autodiff as ad
+        m, k, n = mkn
+        self.a, self.b = ad.constant(normal((m, k), 8)), ad.constant(normal((k, n), 9))
+        self.a @ self.b
+
+    def time_matmul(self, mkn):
+        self.a @ self.b
+
+
+class NumpyMatmul:
+    params = [MATMUL_SHAPES]
+    param_names = ["m_k_n"]
+
+    def setup(self, mkn):
+        m, k, n = mkn
+        self.a, self.b = normal((m, k), 8), normal((k, n), 9)
+
+    def time_matmul(self, mkn):
+        self.a @ self.b
+
+
+class TorchMatmul:
+    params = [MATMUL_SHAPES]
+    param_names = ["m_k_n"]
+
+    def setup(self, mkn):
+        skip_without_torch()
+        m, k, n = mkn
+        self.a, self.b = torch_tensor(normal((m, k), 8)), torch_tensor(normal((k, n), 9))
+
+    def time_matmul(self, mkn):
+        TORCH.matmul(self.a, self.b)
