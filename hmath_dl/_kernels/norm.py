@@ -118,24 +118,24 @@ def _lane_blocks(typingctx, row, nb, m, sq, acc):
 
 
 @inlined
+def _lanes_of(acc):
+    """``LANES``, the only lane count the statistics use (:func:`_lane_blocks` keeps
+    exactly that many sums in registers); ``acc`` must hold that many."""
+    if acc.shape[0] != LANES:
+        raise ValueError("norm statistics: the lane sums need LANES (32) slots")
+    return LANES
+
+
+@inlined
 def _sum(row, acc):
-    """sum(row): ``L = len(acc)`` interleaved partial sums (lane ``k`` takes elements
-    ``k, k+L, ...``), lanes added in order, then the tail.  ``L`` is a run-time value so
-    that LLVM vectorises the lane loop instead of unrolling it (numba's SLP vectoriser
-    is off); the order is fixed, hence deterministic."""
-    lanes = acc.shape[0]
+    """sum(row): ``L = LANES`` interleaved partial sums from +0.0 (lane ``k`` takes
+    elements ``k, k+L, ...``; kept in registers by :func:`_lane_blocks`, their values
+    left in ``acc``), lanes added in order, then the tail.  The order is fixed, hence
+    deterministic."""
+    lanes = _lanes_of(acc)
     n = row.shape[0]
     nb = n // lanes
-    if lanes == LANES:
-        _lane_blocks(row, nb, 0.0, False, acc)
-    else:
-        ul = np.uint64(lanes)   # unsigned indices: no negative-index wrap-around code
-        for k in range(ul):
-            acc[k] = 0.0
-        for b in range(np.uint64(nb)):
-            base = b * ul
-            for k in range(ul):
-                acc[k] += row[base + k]
+    _lane_blocks(row, nb, 0.0, False, acc)
     t = 0.0
     for k in range(lanes):
         t += acc[k]
@@ -147,20 +147,10 @@ def _sum(row, acc):
 @inlined
 def _sumsq(row, m, acc):
     """sum((row - m)**2), same order as :func:`_sum`."""
-    lanes = acc.shape[0]
+    lanes = _lanes_of(acc)
     n = row.shape[0]
     nb = n // lanes
-    if lanes == LANES:
-        _lane_blocks(row, nb, m, True, acc)
-    else:
-        ul = np.uint64(lanes)
-        for k in range(ul):
-            acc[k] = 0.0
-        for b in range(np.uint64(nb)):
-            base = b * ul
-            for k in range(ul):
-                d = row[base + k] - m
-                acc[k] += d * d
+    _lane_blocks(row, nb, m, True, acc)
     t = 0.0
     for k in range(lanes):
         t += acc[k]
@@ -323,28 +313,10 @@ def _four_lanes(x, b, n, m, sq, acc):
     """The lane sums of :func:`_sum` (``sq`` False) or :func:`_sumsq` about ``m[j]``
     (``sq`` True) of the four rows of length ``n`` at ``b[0..3]``, into ``acc`` (row
     ``j`` in ``acc[j*lanes:(j+1)*lanes]``)."""
-    lanes = acc.shape[0] // 4
+    lanes = _lanes_of(acc[:acc.shape[0] // 4])
     nb = n // lanes
-    if lanes == LANES:      # each row's lane sums in registers (:func:`_lane_blocks`)
-        for j in range(4):
-            _lane_blocks(x[b[j]:b[j] + n], nb, m[j], sq, acc[j * lanes:(j + 1) * lanes])
-        return
-    ul = np.uint64(lanes)
-    for j in range(4):
-        a = acc[j * lanes:(j + 1) * lanes]
-        row = x[b[j]:b[j] + n]
-        mj = m[j]
-        for k in range(ul):
-            a[k] = 0.0
-        for q in range(np.uint64(nb)):
-            base = q * ul
-            if sq:
-                for k in range(ul):
-                    d = row[base + k] - mj
-                    a[k] += d * d
-            else:
-                for k in range(ul):
-                    a[k] += row[base + k]
+    for j in range(4):      # each row's lane sums in registers (:func:`_lane_blocks`)
+        _lane_blocks(x[b[j]:b[j] + n], nb, m[j], sq, acc[j * lanes:(j + 1) * lanes])
 
 
 @inlined
