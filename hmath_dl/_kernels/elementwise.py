@@ -776,7 +776,7 @@ del _ps, _pds
 
 @helper
 def _inputs_finite(x_flat):
-    return span_finite(x_flat, 0, x_flat.shape[0])
+    return span_finite(x_flat, np.int64(0), x_flat.shape[0])   # not a literal 0: one compile
 
 
 # --------------------------------------------------------------------------- public entries

@@ -461,7 +461,7 @@ def a_operand(a):
     e = M % _CB
     aedge = _workspace("ae", K * _CB if e else 0)
     if e:
-        _edge_rows(flat, ak, aj, M - e, e, aedge)
+        _edge_rows(readonly(flat), ak, aj, M - e, e, aedge)   # one compile for any a
     return readonly(flat), astep, ak, aj, readonly(aedge)
 
 

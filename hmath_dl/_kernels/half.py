@@ -511,7 +511,7 @@ def convert_bf16_chunks(bits, out):
         i0 = c * CHUNK
         i1 = min(n, i0 + CHUNK)
         flags[c] = _bf16_run(bits[i0:i1], out[i0:i1])
-    return _first_special(bits, flags, 7)
+    return _first_special(bits, flags, np.int64(7))   # not a literal: one compile
 
 
 @kernel
@@ -525,7 +525,7 @@ def convert_fp16_chunks(bits, out):
         i0 = c * CHUNK
         i1 = min(n, i0 + CHUNK)
         flags[c] = _fp16_run(bits[i0:i1], out[i0:i1])
-    return _first_special(bits, flags, 10)
+    return _first_special(bits, flags, np.int64(10))   # not a literal: one compile
 
 
 def decode_table(mbits, bias):

@@ -434,7 +434,9 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
                 if ok[j]:
                     sc, m, v, code = 1.0, ms[j], vs[j], OK
                 else:
-                    sc, m, v, code = _group_stats(x, (r + j) * n, 1, n, n, center,
+                    # np.int64(1): a literal 1 would compile _group_stats (and its
+                    # helpers) once more than batch_norm_train's call does
+                    sc, m, v, code = _group_stats(x, (r + j) * n, np.int64(1), n, n, center,
                                                   acc[:lanes])
                 status[r + j] = code
                 if code == OK:
@@ -485,7 +487,8 @@ def _affine_row_out(x, r, n, m, inv, s, w, b, has_b, per_elem, G, cpg, S, check,
                 else:
                     for i in range(np.uint64(S)):
                         oseg[i] = ((seg[i] * s - m) * inv) * wc
-    if check and not span_finite(orow, 0, orow.shape[0]):
+    # np.int64(0), not 0: a literal argument would compile span_finite once more
+    if check and not span_finite(orow, np.int64(0), orow.shape[0]):
         status[r] = OVERFLOW
 
 
@@ -502,7 +505,7 @@ def batch_norm_train(x, N, C, S, eps, gamma, beta, lanes, out, mean, var, status
     for c in range(t0, t1):
         base = c * S
         acc = np.empty(lanes)
-        s, m, v, code = _group_stats(x, base, N, S, C * S, True, acc)
+        s, m, v, code = _group_stats(x, base, N, S, C * S, np.bool_(True), acc)  # not a literal
         status[c] = code
         if code != OK:
             continue
@@ -545,7 +548,7 @@ def batch_norm_apply(x, N, C, S, scale, shift, center, out, status, t0, t1):
             oseg = out[st:st + S]
             for i in range(S):
                 oseg[i] = (seg[i] - m) * a + b
-            ok = ok and span_finite(oseg, 0, S)  # the segment is still in L1
+            ok = ok and span_finite(oseg, np.int64(0), S)  # the segment is still in L1
         status[c] = OK if ok else OVERFLOW
 
 

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ._jit import helper, span_kernel
+from ._jit import helper, inlined, span_kernel
 from .libm import _wide
 from .views import readonly
 
@@ -31,11 +31,13 @@ def _row_sum(a):
     return _run_sum(a, 0, a.shape[0])
 
 
-@helper
+@inlined
 def _run_sum(a, start, n):
     """The eight-partial fixed-order sum of ``a[start:start + n]`` (``a`` flat; see the
     module docstring).  Unsigned offsets into the flat array: no view per row (a view
-    costs a reference-count update) and no negative-index test."""
+    costs a reference-count update) and no negative-index test.  Inlined into its two
+    callers: compiled on its own it was one more function per caller's array type
+    (read-only or not) to compile."""
     p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = 0.0
     i = np.uint64(start)
     end = i + np.uint64(n)
