@@ -495,7 +495,7 @@ def test_wide_tiled_and_transposed_kernels_report_a_single_overflowing_output(wh
     ((1, 4, 2, 5), (4, 70, 1, 3), (1, 2), (0, 1), (1, 1), (0, 1), 2),    # 10; 64 + 8 channels
 ])
 def test_two_phase_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, op, groups):
-    """Stride 2 along W with >= 6 output channels per group takes the row kernel that
+    """Stride 2 along W with >= 6 output channels per group can take the row kernel that
     computes both W phases at once (contiguous stores; row remainders one output at a time
     over all channels by the channel-vector kernel, in chunks of 64/32/16/8 channels;
     tiles near the end of the input by the scalar chain); it must give the generic
@@ -510,7 +510,10 @@ def test_two_phase_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, op
         V.pad3(tuple((xs[2 + a] - 1) * s[a] - 2 * p[a] + d[a] * (ws[2 + a] - 1) + op[a] + 1
                      for a in range(len(s))), 1), groups, xs[1] // groups, ws[1])
     assert geo[-1] is not None            # the two-phase row kernel applies
-    got = conv_transpose_nd(x, w, b, s, p, d, op, groups)
+    with P.forced_transpose_path("pair"):     # (the plan prefers the wide tiles on AVX2)
+        got = conv_transpose_nd(x, w, b, s, p, d, op, groups)
+    with P.forced_transpose_path("wide"):
+        assert conv_transpose_nd(x, w, b, s, p, d, op, groups).tobytes() == got.tobytes()
     windows = np.empty_like(got)
     O = got.shape[2:]
     P._conv_transpose_windows(V.writeable5(x), V.writeable5(w), b, True, V.pad3(s, 1),
@@ -519,6 +522,29 @@ def test_two_phase_row_kernel_gives_the_generic_kernels_bits(xs, ws, s, p, d, op
     assert got.tobytes() == windows.tobytes()
     ref, mag = conv_transpose_reference(x, w, b, s, p, d, op, groups)
     assert_matches(got, ref, mag, w.shape[0] * w[0, 0].size)
+
+
+def test_transpose_plan_prefers_the_pair_kernel_by_target_and_can_be_forced(monkeypatch):
+    """The plan takes the row-pair kernel wherever it applies with 512-bit tiles, and with
+    256-bit tiles only for one-tap phases over at most 64 channels; forcing overrides it
+    where the forced kernel applies, and an unknown name is refused."""
+    from hmath_dl._kernels import conv_plan as P
+    for wide512, k, cig, want in [(True, (1, 4, 4), 64, "pair"), (True, (1, 2, 2), 128, "pair"),
+                                  (False, (1, 4, 4), 64, "wide"), (False, (1, 3, 3), 8, "wide"),
+                                  (False, (1, 2, 2), 64, "pair"), (False, (1, 2, 2), 65, "wide"),
+                                  (False, (1, 1, 2), 32, "pair"), (False, (1, 1, 4), 32, "wide")]:
+        monkeypatch.setattr(P, "_WIDE512", wide512)
+        P._pair_preferred.cache_clear()
+        assert P.transpose_path(True, k, (1, 2, 2), (1, 1, 1), cig) == want, (wide512, k, cig)
+        assert P.transpose_path(False, k, (1, 2, 2), (1, 1, 1), cig) == "wide"
+        for forced in P.TRANSPOSE_PATHS:
+            with P.forced_transpose_path(forced):
+                assert P.transpose_path(True, k, (1, 2, 2), (1, 1, 1), cig) == forced
+                assert P.transpose_path(False, k, (1, 2, 2), (1, 1, 1), cig) == "wide"
+    P._pair_preferred.cache_clear()
+    with pytest.raises(ValueError, match="unknown transposed path"):
+        with P.forced_transpose_path("rows"):
+            pass
 
 
 # --------------------------------------------------------------------------- input handling

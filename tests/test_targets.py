@@ -45,7 +45,9 @@ _SCRIPT = textwrap.dedent("""
     tr = []
     for (N, C, Co, H, k, s, p, op, gr) in [(2, 8, 8, 8, 4, 2, 1, 0, 1), (1, 6, 12, 9, 3, 2, 1, 1, 1),
                                            (2, 8, 6, 7, 3, 1, 1, 0, 2), (1, 4, 8, 5, 5, 3, 2, 2, 1),
-                                           (1, 12, 12, 11, 4, 2, 1, 0, 1), (1, 8, 16, 4, 4, 2, 1, 0, 1)]:
+                                           (1, 12, 12, 11, 4, 2, 1, 0, 1), (1, 8, 16, 4, 4, 2, 1, 0, 1),
+                                           # one tap per phase: the row-pair kernel on AVX2 too
+                                           (1, 8, 12, 6, 2, 2, 0, 0, 1)]:
         x = g.standard_normal((N, C, H, H + 3)); w = g.standard_normal((C, Co // gr, k, k))
         tr.append(((op, op), L.ConvOptions((s, s), (p, p), (1, 1), gr), x, w, None))
     h = hashlib.sha256()
@@ -53,8 +55,10 @@ _SCRIPT = textwrap.dedent("""
         with K.forced_path(path):
             for args in fwd:
                 h.update(np.ascontiguousarray(L.convolution(*args)).tobytes())
-    for args in tr:
-        h.update(np.ascontiguousarray(L.transposed_convolution(*args)).tobytes())
+    for path in (None,) + K.TRANSPOSE_PATHS:
+        with K.forced_transpose_path(path):
+            for args in tr:
+                h.update(np.ascontiguousarray(L.transposed_convolution(*args)).tobytes())
     print(_cpu.machine().isa, h.hexdigest())
 """)
 

@@ -55,7 +55,9 @@ for _a in (_ONES3, _ZEROS1, _ZEROS3, _NO_OFFS):
 
 #: Forward paths, fastest first where they apply (see :func:`forward_path`).
 FORWARD_PATHS = ("batch", "gemm", "rows_fused", "rows", "wide", "generic")
-_forced = {"forward": None}
+#: Transposed-convolution paths of the register-tiled kernels (see :func:`transpose_path`).
+TRANSPOSE_PATHS = ("pair", "wide")
+_forced = {"forward": None, "transpose": None}
 
 
 @contextlib.contextmanager
@@ -68,6 +70,49 @@ def forced_path(name):
         raise ValueError(f"unknown forward path {name!r} (expected one of {FORWARD_PATHS})")
     with forcing(_forced, "forward", name):
         yield
+
+
+@contextlib.contextmanager
+def forced_transpose_path(name):
+    """Within the block, transposed convolutions take path ``name`` (one of
+    :data:`TRANSPOSE_PATHS`) wherever it applies (see :func:`transpose_path`); ``None``
+    restores the plan.  For tests and A/B benchmarks: every path gives the same bits."""
+    if name is not None and name not in TRANSPOSE_PATHS:
+        raise ValueError(f"unknown transposed path {name!r} (expected one of "
+                         f"{TRANSPOSE_PATHS})")
+    with forcing(_forced, "transpose", name):
+        yield
+
+
+@functools.lru_cache(maxsize=128)
+def _pair_preferred(K, s, d, Cig):
+    """Whether the row-pair kernel beats the wide tiles on this target (both compute the
+    same sums in the same order).  512-bit tiles: always (two vectors per phase).  256-bit
+    tiles hold one vector per phase, so each term costs six weight broadcasts for six
+    multiply-adds, and the wide tiles (whose stores scatter) are faster wherever a phase has
+    more than one tap or there are many channels.  AVX2, 2 threads, pair -> wide: 4x4 s2
+    64->64 @16 3.97-4.08 -> 3.63-3.66 ms, 3x3 s2 32->32 @32 4.75-5.05 -> 3.89-4.21, 1-D k4 s2
+    64->64 @512 5.03-5.10 -> 4.58-4.67, 2x2 s2 128->64 @16 2.41-2.52 -> 2.10-2.43; but 2x2
+    s2 64->32 @32 2.89-3.06 -> 3.47-3.69 and 1-D k2 s2 32->32 @64 0.11 -> 0.15."""
+    if _WIDE512:
+        return True
+    taps = 1
+    for a in range(3):
+        taps *= max(len(t[0]) for t in _phase_taps(K[a], s[a], d[a]))
+    return taps == 1 and Cig <= 64
+
+
+def transpose_path(pair_applies, K, s, d, Cig):
+    """The plan for a tiled transposed convolution: ``"pair"`` (:func:`conv_transpose_rows`,
+    stride 2 along W, both W phases in every vector; only where ``pair_applies``) or
+    ``"wide"`` (:func:`conv_forward_tiled` over the phases); :func:`forced_transpose_path`
+    overrides the choice where the forced path applies."""
+    forced = _forced["transpose"]
+    if not pair_applies:
+        return "wide"
+    if forced is not None:
+        return forced
+    return "pair" if _pair_preferred(K, s, d, Cig) else "wide"
 
 
 def _applicable_forward(Cog, OW, tiled):
@@ -390,7 +435,7 @@ def conv_transpose_nd(x, w, bias, stride, padding, dilation, output_padding, gro
     pad_input(x5, lo[0], lo[1], lo[2], xpad)
     fmas = out5.size * Cig * K[0] * K[1] * K[2] // (s[0] * s[1] * s[2])
     wext = np.append(w5.reshape(-1), 0.0)
-    if pair is not None:
+    if transpose_path(pair is not None, K, s, d, Cig) == "pair":
         # stride 2 along W: whole output rows, both W phases interleaved in every vector
         ph_a, ph_b, row_h, row_o, row_x, wpair, wcv = pair
         offs, maxoff = geo[0], geo[1]
