@@ -87,8 +87,9 @@ name                           value  module                  decides
 ``STRIDED_TERMS``              512    _kernels.conv_gemm      with 512-bit tiles, strided
                                                               kernels with at least this many
                                                               terms per output take ``gemm``
-``MIDPLANE``                   256    _kernels.conv_gemm      with 256-bit tiles, output planes
-                                                              up to this many positions ...
+``MIDPLANE``                   256    _kernels.conv_gemm      output planes up to this many
+                                                              positions (512-bit tiles: rows
+                                                              not whole vectors) ...
 ``MIDPLANE_TERMS``             1024   _kernels.conv_gemm      ... with at least this many terms
                                                               per output take ``gemm``
 ``_MAX_POSITIONS``             49     _kernels.conv_batch     forward path ``batch`` (one GEMM

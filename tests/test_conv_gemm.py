@@ -100,13 +100,17 @@ def test_the_plan_takes_the_gemm_path_where_it_is_faster():
     assert fp(64, 32, (1, 1, 1), 58, True, padded=True, O=(1, 58, 58)) != "gemm"
     assert fp(64, 32, (3, 3, 1), 28, True, padded=True, O=(1, 28, 28)) != "gemm"
     assert fp(5, 512, (1, 1, 1), 7, False, padded=False, O=(1, 7, 7)) != "gemm"
-    # deep strided kernels with 512-bit tiles; deep kernels on mid-sized planes with AVX2
+    # deep strided kernels with 512-bit tiles; deep kernels on mid-sized planes (with
+    # 512-bit tiles only where the output rows are not whole vectors)
     wide = K._WIDE512
     assert (fp(128, 64, (3, 3, 1), 28, True, padded=True, O=(1, 28, 28), strided=True)
             == "gemm") == wide
     assert fp(64, 32, (3, 3, 1), 16, True, padded=True, O=(1, 16, 16), strided=True) != "gemm"
-    assert (fp(256, 256, (3, 3, 1), 14, True, padded=True, O=(1, 14, 14), strided=False)
+    assert fp(256, 256, (3, 3, 1), 14, True, padded=True, O=(1, 14, 14), strided=False) == "gemm"
+    assert fp(128, 256, (3, 3, 1), 12, True, padded=True, O=(1, 12, 12), strided=False) == "gemm"
+    assert (fp(256, 256, (3, 3, 1), 16, True, padded=True, O=(1, 16, 16), strided=False)
             == "gemm") == (not wide)
+    assert fp(256, 64, (3, 3, 1), 14, True, padded=True, O=(1, 14, 14), strided=False) != "gemm"
 
 
 @needs_tiles

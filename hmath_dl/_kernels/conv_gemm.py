@@ -390,7 +390,12 @@ DEEP_TERMS = 256
 STRIDED_TERMS = 512
 #: With 256-bit tiles, output planes up to this many positions run here when each output
 #: has at least :data:`MIDPLANE_TERMS` terms (3x3 256->256 @14: 21.1 vs 23.6-25.2 ms on
-#: the wide-tile kernel; with 512-bit tiles a tie, 17.2 vs 16.6).
+#: the wide-tile kernel); with 512-bit tiles only when the output rows are not whole
+#: vectors (else the row kernel takes them): the wide-tile kernel they would get measured
+#: a tie on a Zen 5 (3x3 256->256 @14: 17.2 vs 16.6 ms) but slower on a Zen 4, whose
+#: AVX-512 runs on 256-bit units (2026-12-05, two threads, gemm vs wide: 256->256 @14
+#: 20.1-20.3 vs 21.8-22.3 ms, 256->128 @12 8.4-8.6 vs 10.3-10.5, 512->512 @14 batch 4
+#: 51.8-52.5 vs 52.6-54.3; @16 the row kernel stays ahead: 256->256 23.5 vs 24.6-25.7).
 MIDPLANE = 256
 MIDPLANE_TERMS = 1024
 
@@ -399,16 +404,18 @@ def preferred(Cg, K3, O, strided, padded, wide512):
     """Whether the plan runs an applicable convolution with ``Cg`` input channels per
     group, kernel extents ``K3`` and output extents ``O`` here (``strided``: a stride
     above 1; ``wide512``: 512-bit register tiles): see :data:`SMALL_PLANE`,
-    :data:`STRIDED_TERMS`, :data:`MIDPLANE`; and every unpadded 1x1 kernel."""
+    :data:`STRIDED_TERMS`, :data:`MIDPLANE` (with 512-bit tiles for output rows that are
+    not whole 8-lane vectors); and every unpadded 1x1 kernel."""
     P = O[0] * O[1] * O[2]
     terms = Cg * K3[0] * K3[1] * K3[2]
     if P <= SMALL_PLANE and terms >= DEEP_TERMS:
         return True
     if tuple(K3) == (1, 1, 1) and not padded:
         return True
+    midplane = P <= MIDPLANE and terms >= MIDPLANE_TERMS
     if wide512:
-        return bool(strided) and terms >= STRIDED_TERMS
-    return P <= MIDPLANE and terms >= MIDPLANE_TERMS
+        return (bool(strided) and terms >= STRIDED_TERMS) or (midplane and O[2] % 8 != 0)
+    return midplane
 
 
 def conv_gemm(x5, w5, bias, has_bias, groups, s, d, pads, out5):
