@@ -63,6 +63,9 @@ SHAPES = [  # x shape, Cout, stride, groups, kernel, padding, dilation
     ((2, 20, 37, 29), 80, 1, 1, 1, 0, 1),
     ((2, 20, 74, 58), 80, 2, 1, 1, 0, 1),
     ((1, 130, 9, 71), 8, 1, 2, 1, 0, 1),
+    # 1x1 at unit stride whose channel planes the float GEMM reads in place (rows of whole
+    # vectors, few output channels), with groups
+    ((2, 24, 8, 8), 18, 1, 2, 1, 0, 1),
     # unfolded from the stride phases: a residue never read (k 2, s 3), mixed strides
     ((2, 9, 17, 16), 12, 3, 1, 2, 1, 1),
     ((1, 6, 15, 14), 7, (2, 3), 1, 3, 2, 2),

@@ -348,6 +348,8 @@ def _pointwise(x5, w5, bias, has_bias, groups, s, out5):
         xf = x5.reshape(-1)
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
+    if x_ok is None and G.b_in_place(xf[:Cg * P].reshape(Cg, P), Cog, P, Cg):
+        return _pointwise_in_place(xf, w5, bias, has_bias, groups, N, P, out5)
     tpp = max(1, _PANEL // T)
     ntile = -(-P // T)
     tpp = -(-ntile // -(-ntile // tpp))      # equal panels
@@ -366,6 +368,29 @@ def _pointwise(x5, w5, bias, has_bias, groups, s, out5):
         # every element was read: a NaN/inf input makes its column's outputs non-finite
         x_ok = True if out_bad == 0 else None
     return out_bad == 0, x_ok
+
+
+def _pointwise_in_place(xf, w5, bias, has_bias, groups, N, P, out5):
+    """:func:`_pointwise` for a unit stride where the float GEMM reads each image's channel
+    planes where they lie (:func:`.gemm_f64.b_in_place`: few output channels per group)
+    instead of copying them into panels: per image and group one product ``w [Cog, Cg] @
+    x [Cg, P]`` plus the bias per row, each output the same chain (one fused multiply-add
+    per input channel, in order, then the bias), so the same bits.  Zen 4, two threads,
+    1x1 256->64 @56 batch 8: 10.3 against 11.0-11.2 ms on 512-bit tiles, the same on
+    256-bit ones."""
+    Cout, Cg = w5.shape[:2]
+    Cog = Cout // groups
+    w2 = w5.reshape(Cout, Cg)
+    xs = xf.reshape(N, groups, Cg, P)
+    os_ = out5.reshape(N, groups, Cog, P)
+    out_bad = 0
+    for g in range(groups):
+        wg = w2[g * Cog:(g + 1) * Cog]
+        bg = bias[g * Cog:(g + 1) * Cog] if has_bias else None
+        for n in range(N):
+            out_bad += G.gemm(wg, xs[n, g], bias=bg, bias_axis=0, out=os_[n, g])[1]
+    # every element was read: a NaN/inf input makes its column's outputs non-finite
+    return out_bad == 0, (True if out_bad == 0 else None)
 
 
 def applies(Cog, tiled):
