@@ -348,39 +348,39 @@ def _pointwise(x5, w5, bias, has_bias, groups, s, out5):
         xf = x5.reshape(-1)
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
-    if x_ok is None and G.b_in_place(xf[:Cg * P].reshape(Cg, P), Cog, P, Cg):
-        return _pointwise_in_place(xf, w5, bias, has_bias, groups, N, P, out5)
-    tpp = max(1, _PANEL // T)
-    ntile = -(-P // T)
-    tpp = -(-ntile // -(-ntile // tpp))      # equal panels
-    tasks = N * -(-ntile // tpp)
     w2 = w5.reshape(Cout, Cg)
-    c = out5.reshape(-1)
-    out_bad = 0
-    for g in range(groups):
-        apk = G.pack_a(w2[g * Cog:(g + 1) * Cog], Cog * Cg < (1 << 16))
-        b = bias[g * Cog:(g + 1) * Cog] if has_bias else np.zeros(1)
-        bad = np.zeros(tasks, dtype=np.int64)
-        pointwise_tasks(xf, g * Cg * P, Cin * P, Cg, P, apk, Cog, T, tpp, c[g * Cog * P:],
-                        Cout * P, b, 1 if has_bias else 0, bad)
-        out_bad += int(bad.sum())
+    if x_ok is None and G.b_in_place(xf[:Cg * P].reshape(Cg, P), Cog, P, Cg):
+        out_bad = _planes_in_place(xf, w2, bias, has_bias, groups, N, P, out5)
+    else:
+        tpp = max(1, _PANEL // T)
+        ntile = -(-P // T)
+        tpp = -(-ntile // -(-ntile // tpp))      # equal panels
+        tasks = N * -(-ntile // tpp)
+        c = out5.reshape(-1)
+        out_bad = 0
+        for g in range(groups):
+            apk = G.pack_a(w2[g * Cog:(g + 1) * Cog], Cog * Cg < (1 << 16))
+            b = bias[g * Cog:(g + 1) * Cog] if has_bias else np.zeros(1)
+            bad = np.zeros(tasks, dtype=np.int64)
+            pointwise_tasks(xf, g * Cg * P, Cin * P, Cg, P, apk, Cog, T, tpp, c[g * Cog * P:],
+                            Cout * P, b, 1 if has_bias else 0, bad)
+            out_bad += int(bad.sum())
     if x_ok is None:
         # every element was read: a NaN/inf input makes its column's outputs non-finite
         x_ok = True if out_bad == 0 else None
     return out_bad == 0, x_ok
 
 
-def _pointwise_in_place(xf, w5, bias, has_bias, groups, N, P, out5):
-    """:func:`_pointwise` for a unit stride where the float GEMM reads each image's channel
-    planes where they lie (:func:`.gemm_f64.b_in_place`: few output channels per group)
-    instead of copying them into panels: per image and group one product ``w [Cog, Cg] @
-    x [Cg, P]`` plus the bias per row, each output the same chain (one fused multiply-add
-    per input channel, in order, then the bias), so the same bits.  Zen 4, two threads,
-    1x1 256->64 @56 batch 8: 10.3 against 11.0-11.2 ms on 512-bit tiles, the same on
-    256-bit ones."""
-    Cout, Cg = w5.shape[:2]
-    Cog = Cout // groups
-    w2 = w5.reshape(Cout, Cg)
+def _planes_in_place(xf, w2, bias, has_bias, groups, N, P, out5):
+    """:func:`_pointwise`'s products at a unit stride where the float GEMM reads each
+    image's channel planes where they lie (:func:`.gemm_f64.b_in_place`: few output
+    channels per group) instead of copying them into panels: per image and group one
+    product ``w [Cog, Cg] @ x [Cg, P]`` plus the bias per row, each output the same chain
+    (one fused multiply-add per input channel, in order, then the bias), so the same bits.
+    Returns the number of non-finite outputs.  Zen 4, two threads, 1x1 256->64 @56 batch
+    8: 10.3 against 11.0-11.2 ms on 512-bit tiles, the same on 256-bit ones."""
+    Cog = w2.shape[0] // groups
+    Cg = w2.shape[1]
     xs = xf.reshape(N, groups, Cg, P)
     os_ = out5.reshape(N, groups, Cog, P)
     out_bad = 0
@@ -389,8 +389,7 @@ def _pointwise_in_place(xf, w5, bias, has_bias, groups, N, P, out5):
         bg = bias[g * Cog:(g + 1) * Cog] if has_bias else None
         for n in range(N):
             out_bad += G.gemm(wg, xs[n, g], bias=bg, bias_axis=0, out=os_[n, g])[1]
-    # every element was read: a NaN/inf input makes its column's outputs non-finite
-    return out_bad == 0, (True if out_bad == 0 else None)
+    return out_bad
 
 
 def applies(Cog, tiled):
@@ -415,8 +414,8 @@ DEEP_TERMS = 256
 STRIDED_TERMS = 512
 #: With 256-bit tiles, output planes up to this many positions run here when each output
 #: has at least :data:`MIDPLANE_TERMS` terms (3x3 256->256 @14: 21.1 vs 23.6-25.2 ms on
-#: the wide-tile kernel); with 512-bit tiles only when the output rows are not whole
-#: vectors (else the row kernel takes them): the wide-tile kernel they would get measured
+#: the wide-tile kernel); with 512-bit tiles only where the row kernel would not take
+#: them (rows of whole vectors or of 16 and more): the wide-tile kernel they would get measured
 #: a tie on a Zen 5 (3x3 256->256 @14: 17.2 vs 16.6 ms) but slower on a Zen 4, whose
 #: AVX-512 runs on 256-bit units (2026-12-05, two threads, gemm vs wide: 256->256 @14
 #: 20.1-20.3 vs 21.8-22.3 ms, 256->128 @12 8.4-8.6 vs 10.3-10.5, 512->512 @14 batch 4
@@ -425,12 +424,12 @@ MIDPLANE = 256
 MIDPLANE_TERMS = 1024
 
 
-def preferred(Cg, K3, O, strided, padded, wide512):
+def preferred(Cg, K3, O, strided, padded, wide512, rows=False):
     """Whether the plan runs an applicable convolution with ``Cg`` input channels per
     group, kernel extents ``K3`` and output extents ``O`` here (``strided``: a stride
-    above 1; ``wide512``: 512-bit register tiles): see :data:`SMALL_PLANE`,
-    :data:`STRIDED_TERMS`, :data:`MIDPLANE` (with 512-bit tiles for output rows that are
-    not whole 8-lane vectors); and every unpadded 1x1 kernel."""
+    above 1; ``wide512``: 512-bit register tiles; ``rows``: the plan's row kernel would
+    take it otherwise): see :data:`SMALL_PLANE`, :data:`STRIDED_TERMS`, :data:`MIDPLANE`
+    (with 512-bit tiles only where ``rows`` is false); and every unpadded 1x1 kernel."""
     P = O[0] * O[1] * O[2]
     terms = Cg * K3[0] * K3[1] * K3[2]
     if P <= SMALL_PLANE and terms >= DEEP_TERMS:
@@ -439,7 +438,7 @@ def preferred(Cg, K3, O, strided, padded, wide512):
         return True
     midplane = P <= MIDPLANE and terms >= MIDPLANE_TERMS
     if wide512:
-        return (bool(strided) and terms >= STRIDED_TERMS) or (midplane and O[2] % 8 != 0)
+        return (bool(strided) and terms >= STRIDED_TERMS) or (midplane and not rows)
     return midplane
 
 

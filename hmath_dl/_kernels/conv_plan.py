@@ -167,10 +167,11 @@ def forward_path(Cog, Cg, K3, OW, strided_or_padded, tiled=None, padded=True, O=
         return "batch"
     if strided is None:
         strided = strided_or_padded and not padded
+    rows = Cog >= _ROW_CB and (OW >= 16 or (OW > 0 and OW % _VW == 0))
     if "gemm" in ok and O is not None and conv_gemm.preferred(Cg, K3, O, strided, padded,
-                                                              _WIDE512):
+                                                              _WIDE512, rows):
         return "gemm"
-    if Cog >= _ROW_CB and (OW >= 16 or (OW > 0 and OW % _VW == 0)):
+    if rows:
         # the fused windows are a packed copy of what the tiles read: faster even without
         # padding or strides (1x1 256->64 @56: 1.6x on AVX2), unless they do not fit
         return "rows_fused"
