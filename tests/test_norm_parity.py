@@ -597,7 +597,8 @@ def test_backward_kernels_serial_equals_parallel():
     res = []
     for fn in (N.normalize_rows_affine, N.normalize_rows_affine_serial):
         out, stt = np.empty(1000), np.zeros(20, dtype=np.int8)
-        fn(x.reshape(-1), 20, 50, 1e-5, True, LANES, w, b, True, True, 1, 50, 1, False, out, stt)
+        fn(x.reshape(-1), 20, 50, 1e-5, True, LANES, w, b, True, True, 1, 50, 1, False, out, stt,
+           np.empty(0))
         res.append(out.tobytes())
     assert res[0] == res[1]
 

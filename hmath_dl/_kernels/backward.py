@@ -20,13 +20,15 @@ from ._jit import inlined, kernel, span_kernel
 
 # --------------------------------------------------------------------------- row norms
 @kernel(scale=0.25)   # ~1.2 ns per element on one thread: parallel from 32k elements
-def norm_rows_backward(x, y, g, rows, n, eps, center, dx):
+def norm_rows_backward(x, y, g, w, rows, n, eps, center, dx):
     """Layer norm (``center``) / RMS norm backward over ``rows`` rows of length ``n``.
 
     With ``r = 1 / sqrt(var + eps)`` (``var`` the population variance, or ``mean(x^2)``
-    when not centering) and ``y`` the forward output::
+    when not centering), ``y`` the normalised forward value ``xhat`` and
+    ``gh[j] = g[j] * w[j]`` (rounded; ``w`` of length ``n``, the per-element weight of
+    the affine map, all ones without one: ``g * 1.0`` is ``g`` exactly)::
 
-        dx = r * (g - [center] mean(g) - y * mean(g * y))
+        dx = r * (gh - [center] mean(gh) - y * mean(gh * y))
 
     Every sum runs over its row in increasing ``j`` from 0.0.  Rows are taken four at a
     time with their chains interleaved (:func:`_four_rows`: the same operations per row,
@@ -35,13 +37,13 @@ def norm_rows_backward(x, y, g, rows, n, eps, center, dx):
     nq = rows // 4
     for t in prange(nq + rows % 4):
         if t < nq:
-            _four_rows(x, y, g, 4 * t * n, n, eps, center, dx)
+            _four_rows(x, y, g, w, 4 * t * n, n, eps, center, dx)
         else:
-            _one_row(x, y, g, (4 * nq + t - nq) * n, n, eps, center, dx)
+            _one_row(x, y, g, w, (4 * nq + t - nq) * n, n, eps, center, dx)
 
 
 @inlined
-def _one_row(x, y, g, base, n, eps, center, dx):
+def _one_row(x, y, g, w, base, n, eps, center, dx):
     """One row of :func:`norm_rows_backward` (row offset ``base``)."""
     inv_n = 1.0 / n
     m = 0.0
@@ -58,16 +60,17 @@ def _one_row(x, y, g, base, n, eps, center, dx):
     sg = 0.0
     sgy = 0.0
     for j in range(n):
-        sg += g[base + j]
-        sgy += g[base + j] * y[base + j]
+        gh = g[base + j] * w[j]
+        sg += gh
+        sgy += gh * y[base + j]
     mg = sg * inv_n if center else 0.0
     mgy = sgy * inv_n
     for j in range(n):
-        dx[base + j] = r * (g[base + j] - mg - y[base + j] * mgy)
+        dx[base + j] = r * (g[base + j] * w[j] - mg - y[base + j] * mgy)
 
 
 @inlined
-def _four_rows(x, y, g, base, n, eps, center, dx):
+def _four_rows(x, y, g, w, base, n, eps, center, dx):
     """Rows ``base``, ``base + n``, ``base + 2n``, ``base + 3n`` of
     :func:`norm_rows_backward`: each row's operations of :func:`_one_row`, the four rows'
     sums side by side in one loop."""
@@ -97,14 +100,19 @@ def _four_rows(x, y, g, base, n, eps, center, dx):
     s0 = s1 = s2 = s3 = 0.0
     q0 = q1 = q2 = q3 = 0.0
     for j in range(n):
-        s0 += g[b0 + j]
-        q0 += g[b0 + j] * y[b0 + j]
-        s1 += g[b1 + j]
-        q1 += g[b1 + j] * y[b1 + j]
-        s2 += g[b2 + j]
-        q2 += g[b2 + j] * y[b2 + j]
-        s3 += g[b3 + j]
-        q3 += g[b3 + j] * y[b3 + j]
+        wj = w[j]
+        h0 = g[b0 + j] * wj
+        h1 = g[b1 + j] * wj
+        h2 = g[b2 + j] * wj
+        h3 = g[b3 + j] * wj
+        s0 += h0
+        q0 += h0 * y[b0 + j]
+        s1 += h1
+        q1 += h1 * y[b1 + j]
+        s2 += h2
+        q2 += h2 * y[b2 + j]
+        s3 += h3
+        q3 += h3 * y[b3 + j]
     for k in range(4):
         bk = b0 if k == 0 else (b1 if k == 1 else (b2 if k == 2 else b3))
         vk = v0 if k == 0 else (v1 if k == 1 else (v2 if k == 2 else v3))
@@ -115,7 +123,7 @@ def _four_rows(x, y, g, base, n, eps, center, dx):
         mgy = qk * inv_n
         ub = np.uint64(bk)
         for j in range(np.uint64(n)):
-            dx[ub + j] = r * (g[ub + j] - mg - y[ub + j] * mgy)
+            dx[ub + j] = r * (g[ub + j] * w[j] - mg - y[ub + j] * mgy)
 
 
 # --------------------------------------------------------------------------- batch norm

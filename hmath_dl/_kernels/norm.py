@@ -391,7 +391,7 @@ def _four_stats(x, base, n, center, acc):
 
 @kernel(scale=_ROW_SCALE)
 def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem, G, cpg, S,
-                          check, out, status):
+                          check, out, status, xh):
     """Row-wise normalisation of the C-contiguous ``[rows, n]`` array ``x`` (flat),
     followed by an affine map, fused: ``out = (xhat * w) + b`` (two roundings: the
     product, then the sum; never a fused multiply-add; without ``has_b`` only the
@@ -407,7 +407,9 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
     ``r`` uses channel ``(r % G) * cpg + j // S`` (``G = C, cpg = 1`` for instance norm).
     ``check``: verify that every output is finite (status OVERFLOW otherwise); the
     facade sets it when ``max|w| * sqrt(n) + max|b|`` could exceed the float64 range
-    (``|xhat| <= sqrt(n)``).
+    (``|xhat| <= sqrt(n)``).  ``xh`` (flat, ``per_elem`` only): when not empty it
+    receives ``xhat`` itself, bitwise the output without an affine map (the autodiff's
+    record for the gradients), from the same pass; empty: not written.
 
     Rows of at most ``_CHUNK`` elements go four at a time through :func:`_four_stats`
     (each row's statistics by the same operations as :func:`_group_stats`, so the same
@@ -441,18 +443,31 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
                 status[r + j] = code
                 if code == OK:
                     _affine_row_out(x, r + j, n, m, _inv_std(v, eps, sc), sc, w, b, has_b,
-                                    per_elem, G, cpg, S, check, out, status)
+                                    per_elem, G, cpg, S, check, out, status, xh)
             r += nr
 
 
 @inlined
-def _affine_row_out(x, r, n, m, inv, s, w, b, has_b, per_elem, G, cpg, S, check, out, status):
+def _affine_row_out(x, r, n, m, inv, s, w, b, has_b, per_elem, G, cpg, S, check, out, status,
+                    xh):
     """Row ``r``'s output of :func:`normalize_rows_affine` from its statistics."""
     st = r * n
     row = x[st:st + n]
     orow = out[st:st + n]
     if per_elem:
-        if s == 1.0:
+        if xh.shape[0] != 0:
+            # xhat kept too: ``row * s`` is ``row`` exactly when s == 1.0, so one
+            # formula gives both paths' bits
+            xrow = xh[st:st + n]
+            for i in range(np.uint64(n)):
+                xrow[i] = (row[i] * s - m) * inv
+            if has_b:
+                for i in range(np.uint64(n)):
+                    orow[i] = xrow[i] * w[i] + b[i]
+            else:
+                for i in range(np.uint64(n)):
+                    orow[i] = xrow[i] * w[i]
+        elif s == 1.0:
             if has_b:
                 for i in range(np.uint64(n)):
                     orow[i] = ((row[i] - m) * inv) * w[i] + b[i]

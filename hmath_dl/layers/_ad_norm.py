@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autodiff.core import make_node, vjp_of
+from ..autodiff.core import _frozen, make_node, vjp_of
 from .. import _checks
 from .._kernels.norm_affine import affine_rows
 from .._kernels.views import readonly
@@ -71,14 +71,24 @@ def _affine_rows(value, weight, bias, n):
     return None if bad else out
 
 
-def _normalized(fname, op, plain, x, weight, bias, layout):
+def _normalized(fname, op, plain, x, weight, bias, layout, pair=None):
     """The norms' common path: the node ``xhat`` (op ``op``, parent ``x``; ctx and affine
     layout ``layout(x value)``) and, with a weight or a bias, the affine node after it.
     ``x``, ``weight``, ``bias`` are converted in that order; ``plain(x)`` and
     ``plain(x, weight, bias)`` are the plain layer without and with its affine transform
-    (errors prefixed with ``fname``)."""
+    (errors prefixed with ``fname``).
+
+    ``pair(x, weight, bias)`` (layer / RMS norm: a per-element affine map) gives the
+    plain layer's result and its ``xhat`` from one kernel pass; then one node of op
+    ``op`` records both maps (parents ``x``, ``weight``, ``bias``; ``xhat`` kept in its
+    ctx) and one backward kernel gives ``dx`` (:func:`_vjp_norm_rows`)."""
     x = _ad(fname, "x", x)
     weight, bias = _opt_ad(fname, "weight", weight), _opt_ad(fname, "bias", bias)
+    if pair is not None and (weight is not None or bias is not None):
+        with _named(fname):
+            y, xhat = pair(x.value, *(None if t is None else t.value for t in (weight, bias)))
+        ctx = layout(x.value)[0]
+        return make_node(op, y, (x, weight, bias), ctx + (_frozen(xhat),))
     with _named(fname):
         value = plain(x.value)
     ctx, per_elem, layout, bshape = layout(x.value)
@@ -159,10 +169,12 @@ def layer_norm_ad(axes, epsilon, x, *, weight=None, bias=None):
         As for :func:`~hmath_dl.layers.layer_norm`; the message starts with
         ``layer_norm_ad:``.
     """
-    from .normalization import layer_norm
+    from .normalization import _trailing, layer_norm
     return _normalized("layer_norm_ad", layer_norm_ad,
                        lambda x, w=None, b=None: layer_norm(axes, epsilon, x, weight=w, bias=b),
-                       x, weight, bias, lambda x: _rows(x, axes, epsilon, True))
+                       x, weight, bias, lambda x: _rows(x, axes, epsilon, True),
+                       lambda x, w, b: _trailing("layer_norm", axes, epsilon, x, True, w, b,
+                                                 keep=True))
 
 
 def rms_norm_ad(axes, epsilon, x, *, weight=None):
@@ -197,10 +209,12 @@ def rms_norm_ad(axes, epsilon, x, *, weight=None):
     ShapeError, TypeError, NonFiniteError, NumericOverflow
         As for :func:`~hmath_dl.layers.rms_norm`; the message starts with ``rms_norm_ad:``.
     """
-    from .normalization import rms_norm
+    from .normalization import _trailing, rms_norm
     return _normalized("rms_norm_ad", rms_norm_ad,
                        lambda x, w=None, b=None: rms_norm(axes, epsilon, x, weight=w),
-                       x, weight, None, lambda x: _rows(x, axes, epsilon, False))
+                       x, weight, None, lambda x: _rows(x, axes, epsilon, False),
+                       lambda x, w, b: _trailing("rms_norm", axes, epsilon, x, False, w, b,
+                                                 keep=True))
 
 
 def _size(shape):
@@ -292,16 +306,39 @@ def instance_norm_ad(epsilon, x, *, weight=None, bias=None):
 @vjp_of(layer_norm_ad)
 def _vjp_norm_rows(g, node, needs):
     """``dx`` of a normalisation over rows of length ``n`` (the ctx ``(n, epsilon,
-    centered)``): layer norm, RMS norm (not centered), group and instance norm."""
+    centered)``): layer norm, RMS norm (not centered), group and instance norm; for a
+    layer / RMS norm node with its affine map (parents ``x``, ``weight``, ``bias``; ctx
+    ``(n, epsilon, centered, xhat)``) also ``dweight`` and ``dbias``: ``dx`` with
+    ``gh = g * weight`` formed inside the kernel (the same roundings as forming it
+    first), the parameters' sums by :func:`.._kernels.norm_affine.affine_grads_elem`."""
     from .._kernels.backward import norm_rows_backward
     x = node.parents[0]
-    n, eps, center = node.ctx
-    dx = np.empty(x.shape)
-    if dx.size:
-        fn = norm_rows_backward.sized(x.size)
-        fn(x.value.reshape(-1), node.value.reshape(-1), _c(g).reshape(-1), x.size // n, n, eps,
-           center, dx.reshape(-1))
-    return (dx,)
+    n, eps, center = node.ctx[:3]
+    g = _c(g)
+    if len(node.parents) == 1:
+        xhat, w = node.value, None
+    else:
+        xhat, w = node.ctx[3], node.parents[1]
+    dx = dw = db = None
+    if needs[0]:
+        dx = np.empty(x.shape)
+        if dx.size:
+            wk = readonly(np.ones(n) if w is None else w.value.reshape(-1))
+            fn = norm_rows_backward.sized(x.size)
+            fn(x.value.reshape(-1), xhat.reshape(-1), g.reshape(-1), wk, x.size // n, n, eps,
+               center, dx.reshape(-1))
+    if len(node.parents) == 1:
+        return (dx,)
+    from .._kernels.norm_affine import affine_grads_elem
+    b = node.parents[2]
+    if (needs[1] or needs[2]) and g.size:
+        dw, db = np.zeros(n), np.zeros(n)
+        affine_grads_elem.sized(g.size)(g.reshape(-1), xhat.reshape(-1), g.size // n, n, dw, db)
+    elif needs[1] or needs[2]:
+        dw, db = np.zeros(n), np.zeros(n)
+    dw = None if w is None or not needs[1] else dw.reshape(w.shape)
+    db = None if b is None or not needs[2] else db.reshape(b.shape)
+    return dx, dw, db
 
 
 @differentiable("magnitudes", "w")

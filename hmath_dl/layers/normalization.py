@@ -64,8 +64,12 @@ def _affine_param(fname, name, value, shape, what):
     return a
 
 
-def _rows_affine(fname, xa, rows, n, eps, center, w, b, per_elem, groups, cpg, s):
-    """Normalise ``[rows, n]`` and apply ``(xhat * w) + b`` in the same kernel pass.
+_NO_XHAT = np.empty(0)     # normalize_rows_affine's xhat output when xhat is not kept
+
+
+def _rows_affine(fname, xa, rows, n, eps, center, w, b, per_elem, groups, cpg, s, xh=None):
+    """Normalise ``[rows, n]`` and apply ``(xhat * w) + b`` in the same kernel pass
+    (``xh``, an array of ``xa``'s size, ``per_elem`` only: receives ``xhat`` too).
 
     ``per_elem``: ``w``/``b`` of length ``n`` (layer / RMS norm); otherwise per channel of
     ``[N, groups * cpg, s]`` (group / instance norm).  ``w`` None means no product (the
@@ -91,7 +95,8 @@ def _rows_affine(fname, xa, rows, n, eps, center, w, b, per_elem, groups, cpg, s
     status = np.zeros(rows, dtype=np.int8)
     normalize_rows_affine.sized(xa.size)(readonly(xa.reshape(-1)), rows, n, eps, center,
                                          LANES, readonly(wk), readonly(bk), has_b, per_elem,
-                                         groups, cpg, s, check, out.reshape(-1), status)
+                                         groups, cpg, s, check, out.reshape(-1), status,
+                                         _NO_XHAT if xh is None else xh.reshape(-1))
     _raise_status(fname, status, xa)
     return out
 
@@ -265,8 +270,10 @@ def _axes(fname, axes, ndim):
     return a
 
 
-def _trailing(fname, axes, epsilon, x, center, weight=None, bias=None):
-    """layer_norm (``center``) / rms_norm over the last ``axes`` axes of ``x``."""
+def _trailing(fname, axes, epsilon, x, center, weight=None, bias=None, keep=False):
+    """layer_norm (``center``) / rms_norm over the last ``axes`` axes of ``x``;
+    ``keep`` (with a weight or a bias): ``(y, xhat)``, both from one kernel pass, ``xhat``
+    bitwise the result without the affine map."""
     eps = _epsilon(fname, epsilon)
     xa = _checks.tensor(fname, "x", x, finite=False)
     k = _axes(fname, axes, xa.ndim)
@@ -278,6 +285,9 @@ def _trailing(fname, axes, epsilon, x, center, weight=None, bias=None):
     what = f"x.shape[-{k}:], the normalised trailing axes of x"
     w = _affine_param(fname, "weight", weight, tail, what)
     b = _affine_param(fname, "bias", bias, tail, what)
+    if keep:
+        xh = np.empty(xa.shape)
+        return _rows_affine(fname, xa, rows, n, eps, center, w, b, True, 1, n, 1, xh), xh
     return _rows_affine(fname, xa, rows, n, eps, center, w, b, True, 1, n, 1)
 
 
