@@ -14,10 +14,6 @@ C-contiguous float64 with consistent shapes; nothing is validated.
   takes ``s = k, k + L, ...``), the lanes added in order, then the tail; the segment sums
   are added in increasing ``n``.
 * :func:`weight_norm_backward` -- ``y_i = m_i w_i / ||w_i||`` per slice ``i``.
-
-And the forward of the per-element affine option as the autodiff records it:
-:func:`affine_rows` -- ``y = (xhat * w) + b`` (two roundings, never a fused multiply-add:
-the plain layer's bits) with the non-finite outputs counted in the same pass.
 """
 
 import math
@@ -29,44 +25,6 @@ from ._jit import helper, kernel
 from .status import OK, OVERFLOW, ZERO_SLICE
 
 _COLS = 256  # columns per parallel block of affine_grads_elem
-
-
-_ROWS = 64  # rows per parallel block of affine_rows
-
-
-@kernel
-def affine_rows(xh, w, b, out, rows, n, mode):
-    """``out[r, j] = (xh[r, j] * w[j]) + b[j]`` for the flat ``[rows, n]`` arrays ``xh``
-    and ``out`` (``mode`` 1: ``xh * w`` only, 2: ``xh + b`` only, 3: both; the unused
-    vector is not read): each product and sum rounded once, in that order, exactly as
-    numpy's ``xh * w + b`` broadcasts it.  Returns the number of non-finite outputs.
-    Parallel over blocks of ``_ROWS`` rows (elementwise: the same bits for any split)."""
-    nblk = (rows + _ROWS - 1) // _ROWS
-    bad = np.zeros(nblk, dtype=np.int64)
-    un = np.uint64(n)
-    for blk in prange(nblk):
-        cnt = 0
-        for r in range(blk * _ROWS, min(rows, blk * _ROWS + _ROWS)):
-            st = np.uint64(r) * un
-            xr = xh[st:st + un]
-            orow = out[st:st + un]
-            if mode == 3:
-                for j in range(un):
-                    v = xr[j] * w[j] + b[j]
-                    orow[j] = v
-                    cnt += (v - v) != 0.0       # NaN exactly for NaN/+-inf
-            elif mode == 1:
-                for j in range(un):
-                    v = xr[j] * w[j]
-                    orow[j] = v
-                    cnt += (v - v) != 0.0
-            else:
-                for j in range(un):
-                    v = xr[j] + b[j]
-                    orow[j] = v
-                    cnt += (v - v) != 0.0
-        bad[blk] = cnt
-    return bad.sum()
 
 
 @kernel

@@ -6,131 +6,111 @@ import numpy as np
 
 from ..autodiff.core import _frozen, make_node, vjp_of
 from .. import _checks
-from .._kernels.norm_affine import affine_rows
 from .._kernels.views import readonly
 from ._ad_common import _ad, _c, _named, _opt_ad, differentiable
 
 
 # =========================================================================== norms
-def _affine_node(xh, y, weight, bias, per_elem, layout, bshape):
-    """Record ``y = (xhat * weight) + bias`` on the tape.
+def _affine_node(xh, y, weight, bias, layout, bshape):
+    """Record ``y = (xhat * weight[c]) + bias[c]`` (group / instance norm) on the tape.
 
     ``xh`` is the ADTensor of the normalised value, ``y`` the plain layer's affine result
     (so the forward numbers are the plain layer's by construction); ``weight``/``bias``
-    ADTensors or None, broadcast against ``x`` as ``bshape`` (the trailing axes, or
-    ``(C, 1, ..., 1)``).  ``per_elem``: ``layout = n`` (row length; layer / RMS norm);
-    else ``layout = (N, C, S)`` (per channel; group / instance norm)."""
+    ADTensors of shape ``(C,)`` or None, broadcast against ``x`` as ``bshape``
+    (``(C, 1, ..., 1)``); ``layout = (N, C, S)``."""
     if weight is None and bias is None:
         return xh
-    return make_node(_affine_node, y, (xh, weight, bias), (per_elem, layout, bshape))
+    return make_node(_affine_node, y, (xh, weight, bias), (layout, bshape))
 
 
 @vjp_of(_affine_node, "norm_affine")
 def _vjp_norm_affine(g, node, needs):
-    """``dxhat = g * weight``; ``dweight = sum g xhat``, ``dbias = sum g`` over the rows
-    (layer / RMS norm) or over ``N`` and the spatial positions (group / instance norm),
-    by the fixed-order kernels of :mod:`hmath_dl._kernels.norm_affine`."""
-    from .._kernels.norm_affine import affine_grads_channel, affine_grads_elem
-    per_elem, layout, bshape = node.ctx
+    """``dxhat = g * weight[c]``; ``dweight = sum g xhat``, ``dbias = sum g`` over ``N``
+    and the spatial positions, by :func:`.._kernels.norm_affine.affine_grads_channel`."""
+    from .._kernels.norm import LANES
+    from .._kernels.norm_affine import affine_grads_channel
+    layout, bshape = node.ctx
     xh, w, b = node.parents
     g = _c(g)
-    length = layout if per_elem else layout[1]
     gx = dw = db = None
     if needs[0]:
         gx = g if w is None else g * w.value.reshape(bshape)
     if needs[1] or needs[2]:
-        dw = np.zeros(length)
-        db = np.zeros(length)
+        N, C, S = layout
+        dw = np.zeros(C)
+        db = np.zeros(C)
         if g.size:
-            gf = g.reshape(-1)
-            xf = _c(xh.value).reshape(-1)
-            if per_elem:
-                affine_grads_elem.sized(g.size)(gf, xf, g.size // layout, layout, dw, db)
-            else:
-                from .._kernels.norm import LANES
-                N, C, S = layout
-                affine_grads_channel.sized(g.size)(gf, xf, N, C, S, LANES, dw, db)
+            affine_grads_channel.sized(g.size)(g.reshape(-1), _c(xh.value).reshape(-1), N, C,
+                                               S, LANES, dw, db)
         dw = None if w is None else dw.reshape(w.shape)
         db = None if b is None else db.reshape(b.shape)
     return gx, dw, db
 
 
-def _affine_rows(value, weight, bias, n):
-    """``(value * weight) + bias`` over rows of ``n`` (``weight``, ``bias``: ADTensors of
-    the row's shape or None, at least one given; a missing bias is left out, not added as
-    0.0, which would turn -0.0 into +0.0) by :func:`.._kernels.norm_affine.affine_rows`,
-    or None when an output is not finite."""
-    xf = readonly(_c(value).reshape(-1))
-    out = np.empty(value.shape)
-    if xf.size == 0:
-        return out
-    wf = xf if weight is None else readonly(_c(weight.value).reshape(-1))
-    bf = xf if bias is None else readonly(_c(bias.value).reshape(-1))
-    mode = (weight is not None) + 2 * (bias is not None)
-    bad = affine_rows.sized(xf.size)(xf, wf, bf, out.reshape(-1), xf.size // n, n, mode)
-    return None if bad else out
+def _normalized(fname, op, plain, x, weight, bias, ctx_of, pair=None, channels=None):
+    """The norms' common path.  ``x``, ``weight``, ``bias`` are converted in that order;
+    ``plain(x)`` and ``plain(x, weight, bias)`` are the plain layer without and with its
+    affine map (errors prefixed with ``fname``); ``ctx_of(x value)`` is the ctx ``(n,
+    epsilon, centered)`` of the normalisation's node.
 
+    Without a weight or a bias: one node ``xhat`` (op ``op``, parent ``x``).
 
-def _normalized(fname, op, plain, x, weight, bias, layout, pair=None):
-    """The norms' common path: the node ``xhat`` (op ``op``, parent ``x``; ctx and affine
-    layout ``layout(x value)``) and, with a weight or a bias, the affine node after it.
-    ``x``, ``weight``, ``bias`` are converted in that order; ``plain(x)`` and
-    ``plain(x, weight, bias)`` are the plain layer without and with its affine transform
-    (errors prefixed with ``fname``).
+    Layer / RMS norm (``pair(x, weight, bias)``: the plain layer's result and its
+    ``xhat`` from one kernel pass): one node of op ``op`` records both maps (parents
+    ``x``, ``weight``, ``bias``; ``xhat`` appended to its ctx), and one backward kernel
+    gives ``dx`` (:func:`_vjp_norm_rows`).
 
-    ``pair(x, weight, bias)`` (layer / RMS norm: a per-element affine map) gives the
-    plain layer's result and its ``xhat`` from one kernel pass; then one node of op
-    ``op`` records both maps (parents ``x``, ``weight``, ``bias``; ``xhat`` kept in its
-    ctx) and one backward kernel gives ``dx`` (:func:`_vjp_norm_rows`)."""
+    Group / instance norm (``channels(x value) = (layout, bshape)``, per-channel
+    parameters): the node ``xhat`` and the affine node after it (:func:`_affine_node`)."""
     x = _ad(fname, "x", x)
     weight, bias = _opt_ad(fname, "weight", weight), _opt_ad(fname, "bias", bias)
-    if pair is not None and (weight is not None or bias is not None):
+    affine = weight is not None or bias is not None
+    if affine and pair is not None:
         with _named(fname):
             y, xhat = pair(x.value, *(None if t is None else t.value for t in (weight, bias)))
-        ctx = layout(x.value)[0]
-        return make_node(op, y, (x, weight, bias), ctx + (_frozen(xhat),))
+        return make_node(op, y, (x, weight, bias), ctx_of(x.value) + (_frozen(xhat),))
     with _named(fname):
         value = plain(x.value)
-    ctx, per_elem, layout, bshape = layout(x.value)
+    node = make_node(op, value, (x,), ctx_of(x.value))
+    if not affine:
+        return node
+    layout, bshape = channels(x.value)
     y = None
-    if weight is not None or bias is not None:
-        # the plain layer's affine result is ``(xhat * weight) + bias`` with xhat bitwise
-        # ``value`` (two roundings, never a fused multiply-add): two elementwise passes
-        # over ``value`` give those bits without normalising x a second time; the plain
-        # layer runs only when a parameter's shape is wrong or a result is not finite, to
-        # raise its own error
-        pshape = tuple(bshape) if per_elem else (layout[1],)   # the plain layer's shape
-        if all(t is None or t.shape == pshape for t in (weight, bias)):
-            if per_elem:
-                # one pass, the non-finite outputs counted in it (the same two roundings)
-                y = _affine_rows(value, weight, bias, layout)
-            else:
-                with np.errstate(over="ignore", invalid="ignore"):   # checked just below
-                    y = value if weight is None else value * weight.value.reshape(bshape)
-                    if bias is not None:
-                        y = y + bias.value.reshape(bshape)
-                if not _checks.is_finite(y):
-                    y = None
-        if y is None:
-            with _named(fname):     # raises its error (or, if it does not, is the result)
-                y = plain(x.value, *(None if t is None else t.value for t in (weight, bias)))
-    return _affine_node(make_node(op, value, (x,), ctx), y, weight, bias, per_elem, layout,
-                        bshape)
+    # the plain layer's affine result is ``(xhat * weight) + bias`` with xhat bitwise
+    # ``value`` (two roundings, never a fused multiply-add): numpy's broadcast product and
+    # sum over ``value`` give those bits without normalising x a second time; the plain
+    # layer runs only when a parameter's shape is wrong or a result is not finite, to
+    # raise its own error
+    if all(t is None or t.shape == (layout[1],) for t in (weight, bias)):
+        with np.errstate(over="ignore", invalid="ignore"):   # checked just below
+            y = value if weight is None else value * weight.value.reshape(bshape)
+            if bias is not None:
+                y = y + bias.value.reshape(bshape)
+        if not _checks.is_finite(y):
+            y = None
+    if y is None:
+        with _named(fname):     # raises its error (or, if it does not, is the result)
+            y = plain(x.value, *(None if t is None else t.value for t in (weight, bias)))
+    return _affine_node(node, y, weight, bias, layout, bshape)
 
 
 def _rows(x, axes, epsilon, center):
-    """Layer / RMS norm: rows over the last ``axes`` axes, affine per element."""
-    tail = x.shape[x.ndim - int(axes):]
-    n = _size(tail)
-    return (n, float(epsilon), center), True, n, tail
+    """Layer / RMS norm: the ctx of rows over the last ``axes`` axes."""
+    return (_size(x.shape[x.ndim - int(axes):]), float(epsilon), center)
 
 
-def _channels(x, epsilon, groups=None):
-    """Group / instance norm (``groups`` None): rows of ``C / groups`` channels (one) and
-    all spatial positions, affine per channel."""
+def _channel_rows(x, epsilon, groups=None):
+    """Group / instance norm (``groups`` None): the ctx of rows of ``C / groups``
+    channels (one) and all spatial positions."""
+    c, S = x.shape[1], _size(x.shape[2:])
+    return ((c // int(groups) if groups is not None else 1) * S, float(epsilon), True)
+
+
+def _channels(x):
+    """Group / instance norm: the affine layout ``((N, C, S), bshape)``, parameters per
+    channel."""
     N, c, S = x.shape[0], x.shape[1], _size(x.shape[2:])
-    rows = S if groups is None else (c // int(groups)) * S
-    return (rows, float(epsilon), True), False, (N, c, S), (c,) + (1,) * (x.ndim - 2)
+    return (N, c, S), (c,) + (1,) * (x.ndim - 2)
 
 
 def layer_norm_ad(axes, epsilon, x, *, weight=None, bias=None):
@@ -261,7 +241,8 @@ def group_norm_ad(groups, epsilon, x, *, weight=None, bias=None):
     from .normalization import group_norm
     return _normalized("group_norm_ad", group_norm_ad,
                        lambda x, w=None, b=None: group_norm(groups, epsilon, x, weight=w, bias=b),
-                       x, weight, bias, lambda x: _channels(x, epsilon, groups))
+                       x, weight, bias, lambda x: _channel_rows(x, epsilon, groups),
+                       channels=_channels)
 
 
 def instance_norm_ad(epsilon, x, *, weight=None, bias=None):
@@ -297,7 +278,8 @@ def instance_norm_ad(epsilon, x, *, weight=None, bias=None):
     from .normalization import instance_norm
     return _normalized("instance_norm_ad", instance_norm_ad,
                        lambda x, w=None, b=None: instance_norm(epsilon, x, weight=w, bias=b),
-                       x, weight, bias, lambda x: _channels(x, epsilon))
+                       x, weight, bias, lambda x: _channel_rows(x, epsilon),
+                       channels=_channels)
 
 
 @vjp_of(instance_norm_ad, "norm_rows")
