@@ -402,34 +402,42 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
                 status[b * n_q + i0 + r] = OVERFLOW
 
 
-@helper
-def _prepare(k, v, mask, nbk, d, f, heads, mp, fp):
-    """The forward's per-call operands: keys transposed to ``[B, D, mp]`` and values to
-    ``[B, M, fp]`` (zero-padded to whole tiles; from the head layout of
-    :func:`_problem_base`), and (first allowed key, last allowed key, allowed keys) of
-    every mask row."""
-    m_keys = k.shape[1]
+@span_kernel(iterations=lambda k, v, ktf, vf, m_keys, d, f, heads, mp, fp:
+             ktf.shape[0] // max(1, d * mp),
+             work=lambda k, v, ktf, vf, *rest: ktf.shape[0] + vf.shape[0])
+def _operands(k, v, ktf, vf, m_keys, d, f, heads, mp, fp, t0, t1):
+    """Problems ``t0 .. t1-1`` of the forward's per-call operands (a copy: no arithmetic):
+    keys transposed to ``ktf [B, D, mp]`` and values to ``vf [B, M, fp]``, zero-padded to
+    whole tiles, from the head layout of :func:`_problem_base`.  Each key row is read once
+    along its features (the transposed writes stay in the problem's few KiB of ``ktf``);
+    unsigned offsets, so the copies carry no negative-index test."""
     kflat = k.reshape(-1)
     vflat = v.reshape(-1)
-    ktf = np.empty(nbk * d * mp, dtype=np.float64)
-    for b in range(nbk):
+    ud, uf, ump, ufp = np.uint64(d), np.uint64(f), np.uint64(mp), np.uint64(fp)
+    um = np.uint64(m_keys)
+    for b in range(t0, t1):
         kb, ks = _problem_base(b, m_keys, heads, d)
-        for c in range(d):
-            base = (b * d + c) * mp
-            for j in range(m_keys):
-                ktf[base + j] = kflat[kb + j * ks + c]
-            for j in range(m_keys, mp):
-                ktf[base + j] = 0.0
-    vf = np.empty(nbk * m_keys * fp, dtype=np.float64)
-    for b in range(nbk):
+        kt0 = np.uint64(b) * ud * ump
+        for j in range(um):
+            o = np.uint64(kb) + j * np.uint64(ks)
+            for c in range(ud):
+                ktf[kt0 + c * ump + j] = kflat[o + c]
+        for c in range(ud):
+            for j in range(um, ump):
+                ktf[kt0 + c * ump + j] = 0.0
         vb, vs = _problem_base(b, m_keys, heads, f)
-        for j in range(m_keys):
-            o = vb + j * vs
-            base = (b * m_keys + j) * fp
-            for c in range(f):
+        for j in range(um):
+            o = np.uint64(vb) + j * np.uint64(vs)
+            base = (np.uint64(b) * um + j) * ufp
+            for c in range(uf):
                 vf[base + c] = vflat[o + c]
-            for c in range(f, fp):
+            for c in range(uf, ufp):
                 vf[base + c] = 0.0
+
+
+@helper
+def _mask_ranges(mask, m_keys):
+    """(first allowed key, last allowed key, allowed keys) of every mask row."""
     rows = mask.shape[0] * mask.shape[1]
     ranges = np.empty(3 * rows, dtype=np.int64)
     mf = mask.reshape(-1)
@@ -438,7 +446,7 @@ def _prepare(k, v, mask, nbk, d, f, heads, mp, fp):
         ranges[3 * t] = a
         ranges[3 * t + 1] = z
         ranges[3 * t + 2] = cnt
-    return ktf, vf, ranges
+    return ranges
 
 
 @span_kernel()
@@ -467,16 +475,21 @@ def _attend_chunks(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, nb, n_q, d,
 
 
 def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale, heads):
-    """See the module docstring: the operands prepared once (:func:`_prepare`), then the
-    query blocks in parallel chunks (:func:`_attend_chunks`)."""
+    """See the module docstring: the operands prepared once (:func:`_operands`,
+    :func:`_mask_ranges`), then the query blocks in parallel chunks
+    (:func:`_attend_chunks`)."""
     nb, n_q, m_keys = weights.shape
     d = q.shape[2] // heads
     f = v.shape[2] // heads
     nbm, nbb = mask.shape[0], bias.shape[0]
     mp = (m_keys + _KT - 1) // _KT * _KT
     fp = (f + _KT - 1) // _KT * _KT
-    ktf, vf, ranges = _prepare(k, v, mask, np.int64(nb // gkv), np.int64(d), np.int64(f),
-                               np.int64(heads), np.int64(mp), np.int64(fp))
+    nbk = nb // gkv
+    ktf = np.empty(nbk * d * mp)
+    vf = np.empty(nbk * m_keys * fp)
+    _operands(k, v, ktf, vf, np.int64(m_keys), np.int64(d), np.int64(f), np.int64(heads),
+              np.int64(mp), np.int64(fp))
+    ranges = _mask_ranges(mask, np.int64(m_keys))
     status = np.zeros(nb * n_q, dtype=np.int8)
     nchunk = min(nb * ((n_q + _QB - 1) // _QB), 256)
     _attend_chunks.run(nchunk, nb * n_q * (m_keys + 1), q.reshape(-1), ktf, np.int64(mp), vf,
