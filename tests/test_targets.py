@@ -122,3 +122,57 @@ def test_machine_policy_follows_numbas_target(monkeypatch):
     assert _cpu._read(False).isa == "portable"
     with pytest.raises(ValueError, match="unknown target level"):
         _cpu.target_environment("pentium")
+
+
+_GENERIC_ALONE = textwrap.dedent("""
+    import hashlib
+    import numpy as np
+    import hmath_dl.precision as P
+    from hmath_dl._kernels import _cpu
+
+    g = np.random.default_rng(3)
+    qa = P.quantize(P.Quantization.SYMMETRIC, 0, g.standard_normal((9, 64)))
+    qb = P.quantize(P.Quantization.SYMMETRIC, 1, g.standard_normal((64, 5)))
+    qc = P.quantize(P.Quantization.SYMMETRIC, 1, g.standard_normal((64, 40)))
+    out = [P.int8_gemm(qa, qb), P.int8_gemm(qa, qc),
+           P.reduced_gemm(P.Precision.FP16, g.standard_normal((3, 50)),
+                          g.standard_normal((50, 7)))]
+    m = _cpu.machine()
+    print(m.isa, len(m.features),
+          hashlib.sha256(b"".join(np.ascontiguousarray(o).tobytes() for o in out)).hexdigest())
+""")
+
+
+def test_numba_cpu_name_generic_alone_compiles_for_baseline_x86_64():
+    """``NUMBA_CPU_NAME=generic`` without ``NUMBA_CPU_FEATURES``: numba compiles for
+    baseline x86-64 (its default feature string for that name is empty, not the host's),
+    and the policy must say so.  It once read the empty string as "unset", took the host's
+    AVX-512 and emitted 512-bit intrinsics that LLVM cannot select for that target: the
+    process aborted in the int8 GEMM.  The results are the host's bits."""
+    from hmath_dl._kernels import _cpu
+    if _cpu._arch() != "x86_64":
+        pytest.skip("x86 target names")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "HMATH_DL_KERNELS")}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["NUMBA_CPU_NAME"] = "generic"
+    out = subprocess.run([sys.executable, "-c", _GENERIC_ALONE], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-4000:]
+    isa, nfeat, digest = out.stdout.split()
+    assert (isa, nfeat) == ("portable", "0")
+    host = {}
+    exec(_GENERIC_ALONE.replace("print(", "host['r'] = ("), {"host": host})
+    assert host["r"][2] == digest
+
+
+def test_policy_reads_numbas_empty_feature_string_for_generic(monkeypatch):
+    """numba's ``config.CPU_FEATURES`` is ``""`` for ``NUMBA_CPU_NAME=generic`` alone: no
+    features at all, which the policy describes as the portable target."""
+    from numba.core import config
+
+    from hmath_dl._kernels import _cpu
+    monkeypatch.setattr(config, "CPU_NAME", "generic", raising=False)
+    monkeypatch.setattr(config, "CPU_FEATURES", "", raising=False)
+    m = _cpu._read(False)
+    assert m.features == frozenset() and m.isa == "portable" and m.f64_lanes == 2

@@ -11,8 +11,9 @@ anything.
 portable kernels everywhere: same bits, plainer code -- for tests and bug reports.
 
 The description follows numba exactly: the features are ``NUMBA_CPU_FEATURES`` when set,
-else the host's (numba keeps the host's features even with a ``NUMBA_CPU_NAME``), so the
-policy never assumes an instruction the compiled code may not have, nor misses one it has.
+none for ``NUMBA_CPU_NAME=generic`` (numba's own default there: baseline x86-64), else the
+host's (numba keeps the host's features with any other ``NUMBA_CPU_NAME``), so the policy
+never assumes an instruction the compiled code may not have, nor misses one it has.
 On a target without AVX2+FMA (aarch64, baseline x86-64) the portable kernels run.
 :func:`target_environment` gives the variables that compile for AVX2 or baseline x86-64
 on a bigger host.  Every path
@@ -21,6 +22,7 @@ computes the same terms in the same order, so the choice changes speed, never bi
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -137,10 +139,11 @@ def _host_features():
 
 def _read(portable: bool) -> Machine:
     """Describe what numba compiles for, exactly as numba decides it: the CPU name is
-    ``NUMBA_CPU_NAME`` or the host's, the features ``NUMBA_CPU_FEATURES`` or -- even when
-    only a CPU name is given -- the HOST's (numba passes the host feature string along
-    with any ``NUMBA_CPU_NAME``; to compile for e.g. AVX2 on an AVX-512 host set both, see
-    :func:`target_environment`)."""
+    ``NUMBA_CPU_NAME`` or the host's, the features numba's ``config.CPU_FEATURES`` --
+    ``NUMBA_CPU_FEATURES``, or for ``NUMBA_CPU_NAME=generic`` none at all (baseline
+    x86-64) -- or, when that is None (even when a CPU name is given), the HOST's (numba
+    passes the host feature string along with any other ``NUMBA_CPU_NAME``; to compile for
+    e.g. AVX2 on an AVX-512 host set both, see :func:`target_environment`)."""
     from numba.core import config
     arch = _arch()
     cpu_name = getattr(config, "CPU_NAME", None)
@@ -150,9 +153,13 @@ def _read(portable: bool) -> Machine:
     else:
         import llvmlite.binding as llb
         cpu, src = llb.get_host_cpu_name(), "host"
-    if cpu_features:
+    if cpu_features is not None:
+        # numba's own default for NUMBA_CPU_NAME=generic is the empty feature string
+        # (baseline x86-64), not the host's: "" is a feature list, not "unset" (read as
+        # unset, the policy had emitted AVX-512 intrinsics that LLVM cannot select for
+        # that target, and the process aborted)
         feats = _parse_features(cpu_features)
-        src += " + NUMBA_CPU_FEATURES"
+        src += " + NUMBA_CPU_FEATURES" if os.environ.get("NUMBA_CPU_FEATURES") else ""
     else:
         feats = _host_features()
     return Machine(arch=arch, cpu=cpu, source=src, features=feats, portable=portable)
