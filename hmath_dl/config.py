@@ -21,7 +21,10 @@ variable                       default      effect
 ``HMATH_DL_QUIET``             (empty)      non-empty and not ``0``: no first-run notice on
                                             stderr when kernels take more than ~2 s to
                                             compile (:mod:`hmath_dl.precompile` compiles
-                                            them ahead of time)
+                                            them ahead of time), and no notice that a
+                                            ``NUMBA_CPU_NAME`` given alone keeps the
+                                            host's wider features (e.g. ``haswell``
+                                            on an AVX-512 host)
 ``HMATH_DL_MALLOC``            (empty)      ``system``: leave glibc's ``malloc`` thresholds
                                             alone and allocate large outputs as numpy does
                                             (by default ``import hmath_dl`` keeps freed

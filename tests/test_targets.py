@@ -176,3 +176,37 @@ def test_policy_reads_numbas_empty_feature_string_for_generic(monkeypatch):
     monkeypatch.setattr(config, "CPU_FEATURES", "", raising=False)
     m = _cpu._read(False)
     assert m.features == frozenset() and m.isa == "portable" and m.f64_lanes == 2
+
+
+def test_a_cpu_name_alone_that_keeps_wider_host_features_is_announced():
+    """``NUMBA_CPU_NAME=haswell`` alone on an AVX-512 host compiles AVX-512 kernels (numba
+    keeps the host's features): the policy says so once on stderr, naming the variables
+    that give haswell code; nothing is said when the features are given, the name is not
+    a level the package knows, or the host has nothing beyond the level."""
+    from hmath_dl._kernels._cpu import Machine, named_target_note
+
+    def m(cpu, source, *feats):
+        return Machine(arch="x86_64", cpu=cpu, source=source, features=frozenset(feats),
+                       portable=False)
+
+    note = named_target_note(m("haswell", "NUMBA_CPU_NAME", "avx2", "fma", "avx512f"))
+    assert "avx512f" in note and "--env haswell" in note and "HMATH_DL_QUIET" in note
+    assert named_target_note(m("haswell", "NUMBA_CPU_NAME + NUMBA_CPU_FEATURES",
+                               "avx2", "fma", "avx512f")) is None
+    assert named_target_note(m("haswell", "NUMBA_CPU_NAME", "avx2", "fma")) is None
+    assert named_target_note(m("znver4", "NUMBA_CPU_NAME", "avx2", "fma", "avx512f")) is None
+    assert named_target_note(m("znver4", "host", "avx2", "fma", "avx512f")) is None
+    assert named_target_note(m("generic", "NUMBA_CPU_NAME")) is None
+    if not _host_has("avx512f"):
+        pytest.skip("host without AVX-512: NUMBA_CPU_NAME=haswell alone is haswell code here")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "HMATH_DL_QUIET")}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["NUMBA_CPU_NAME"] = "haswell"
+    code = "import hmath_dl.precision, hmath_dl.layers"
+    said = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert said.returncode == 0 and said.stderr.count("NUMBA_CPU_NAME=haswell without") == 1
+    quiet = subprocess.run([sys.executable, "-c", code], env=dict(env, HMATH_DL_QUIET="1"),
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert quiet.returncode == 0 and "NUMBA_CPU_NAME" not in quiet.stderr

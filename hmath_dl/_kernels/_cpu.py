@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-__all__ = ["Machine", "machine", "describe", "target_environment"]
+__all__ = ["Machine", "machine", "describe", "target_environment", "named_target_note"]
 
 @dataclass(frozen=True)
 class Machine:
@@ -199,14 +200,36 @@ def _machine(portable: bool) -> Machine:
 _CONFIG = []      # the hmath_dl.config module, once imported (it imports this module)
 
 
+def named_target_note(m: Machine):
+    """The notice for a ``NUMBA_CPU_NAME`` of a known level (``haswell``) given without
+    ``NUMBA_CPU_FEATURES`` on a host with wider vectors, or None.  Numba then compiles
+    with the HOST's features under that name (it does so for every name but ``generic``),
+    so e.g. ``NUMBA_CPU_NAME=haswell`` alone on an AVX-512 host builds AVX-512 kernels,
+    not AVX2 ones -- easy to mistake for an AVX2 measurement."""
+    if m.source != "NUMBA_CPU_NAME" or m.cpu not in _LEVEL_FEATURES or m.cpu == "generic":
+        return None
+    extra = sorted(f for f in ("avx512f", "avx2", "fma")
+                   if m.has(f) and f not in _LEVEL_FEATURES[m.cpu])
+    if not extra:
+        return None
+    return (f"hmath_dl: NUMBA_CPU_NAME={m.cpu} without NUMBA_CPU_FEATURES: numba compiles "
+            f"with this host's features ({', '.join(extra)} included), not {m.cpu}'s; for "
+            f"{m.cpu} code set both: env $(python -m hmath_dl.info --env {m.cpu}) ... "
+            f"(HMATH_DL_QUIET=1 hides this line)")
+
+
 def machine() -> Machine:
     """The target description (read once per process; ``HMATH_DL_KERNELS=portable``
     forces the portable kernels; the setting is looked up on every call, so tests can
     change it).  Facades ask on every call: an attribute lookup and a cached call, no
-    import statement."""
+    import statement.  The first call prints :func:`named_target_note`, if any, to
+    stderr (unless ``HMATH_DL_QUIET``)."""
     if not _CONFIG:
         from .. import config
         _CONFIG.append(config)
+        note = named_target_note(_machine(False))
+        if note and not config.QUIET:
+            print(note, file=sys.stderr)
     return _machine(_CONFIG[0].KERNELS == "portable")
 
 
