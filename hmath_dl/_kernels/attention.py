@@ -593,10 +593,12 @@ def _padded_rows(src, o0, rs, rows, width, wp):
     """``[rows, wp]`` copy of a ``[rows, width]`` operand (row ``i`` at ``src[o0 + i*rs]``),
     zeros past ``width``: the micro-kernel's ``b`` rows, whole vectors."""
     out = np.zeros(rows * wp)
-    for i in range(rows):
-        o = o0 + i * rs
-        for c in range(width):
-            out[i * wp + c] = src[o + c]
+    uw, uwp, urs = np.uint64(width), np.uint64(wp), np.uint64(rs)
+    for i in range(np.uint64(rows)):
+        o = np.uint64(o0) + i * urs
+        d = i * uwp
+        for c in range(uw):
+            out[d + c] = src[o + c]
     return out
 
 
@@ -604,10 +606,12 @@ def _padded_rows(src, o0, rs, rows, width, wp):
 def _store_rows(acc, wp, r0, nr, width, out, o0, rs):
     """Rows ``r0 .. r0+nr-1`` (at ``out[o0 + i*rs]``) <- the first ``width`` values of the
     rows of ``acc [., wp]``."""
-    for r in range(nr):
-        o = o0 + (r0 + r) * rs
-        for c in range(width):
-            out[o + c] = acc[r * wp + c]
+    uw, uwp, urs = np.uint64(width), np.uint64(wp), np.uint64(rs)
+    for r in range(np.uint64(nr)):
+        o = np.uint64(o0 + r0 * rs) + r * urs
+        a = r * uwp
+        for c in range(uw):
+            out[o + c] = acc[a + c]
 
 
 @span_kernel()
@@ -633,10 +637,11 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
         go_, gs = _problem_base(b, N, heads, F)
         # the b operands: v transposed [F, mp]; q, k and go padded to whole vectors
         vt = np.zeros(F * mp)
-        for j in range(M):
-            o = vo + j * vs
-            for f in range(F):
-                vt[f * mp + j] = vf[o + f]
+        ump = np.uint64(mp)
+        for j in range(np.uint64(M)):
+            o = np.uint64(vo) + j * np.uint64(vs)
+            for f in range(np.uint64(F)):
+                vt[f * ump + j] = vf[o + f]
         qpad = _padded_rows(qf, qo, qs, N, D, dp)
         kpad = _padded_rows(kf, ko, ks, M, D, dp)
         gpad = _padded_rows(gf, go_, gs, N, F, fp)
@@ -670,9 +675,10 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
             blo, bhi = _union_span(rlo, rhi, i0, nr)
             if bhi >= 0:
                 for r in range(4):
-                    o = (i0 + min(r, nr - 1)) * fp
-                    for f in range(F):
-                        ap[f * 4 + r] = gpad[o + f]
+                    o = np.uint64((i0 + min(r, nr - 1)) * fp)
+                    ur = np.uint64(r)
+                    for f in range(np.uint64(F)):
+                        ap[f * np.uint64(4) + ur] = gpad[o + f]
                 j0 = (blo // _KT) * _KT
                 while j0 <= bhi:
                     _mscore(vt, j0, mp, ap, 0, F, ds, i0 * mp + j0, mp, True, j0)
@@ -725,17 +731,18 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
             nj = min(4, M - j0)
             ilo, ihi = _union_span(clo, chi, j0, nj)
             nk = ihi + 1 - ilo
-            for t in range(nk):
-                o = (ilo + t) * mp + j0
-                for r in range(4):
-                    ap[t * 4 + r] = ds[o + r]
+            for t in range(np.uint64(max(nk, 0))):
+                o = np.uint64(ilo * mp + j0) + t * np.uint64(mp)
+                for r in range(np.uint64(4)):
+                    ap[t * np.uint64(4) + r] = ds[o + r]
             for c0 in range(0, dp, _KT):
                 _mscore(qpad, ilo * dp + c0, dp, ap, 0, nk, acc4, c0, dp, True, c0)
             _store_rows(acc4, dp, j0, nj, D, dkf, ko, ks)
-            for t in range(nk):
-                o = po + (ilo + t) * M + j0
-                for r in range(4):
-                    ap[t * 4 + r] = pf[o + r] if r < nj else 0.0
+            unj = np.uint64(nj)
+            for t in range(np.uint64(max(nk, 0))):
+                o = np.uint64(po + ilo * M + j0) + t * np.uint64(M)
+                for r in range(np.uint64(4)):
+                    ap[t * np.uint64(4) + r] = pf[o + r] if r < unj else 0.0
             for c0 in range(0, fp, _KT):
                 _mscore(gpad, ilo * fp + c0, fp, ap, 0, nk, acc4, c0, fp, True, c0)
             _store_rows(acc4, fp, j0, nj, F, dvf, vo, vs)
@@ -745,10 +752,10 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
             nr = min(4, N - i0)
             jlo, jhi = _union_span(rlo, rhi, i0, nr)
             nk = jhi + 1 - jlo
-            for r in range(4):
-                o = (i0 + r) * mp + jlo
-                for t in range(nk):
-                    ap[t * 4 + r] = ds[o + t]
+            for r in range(np.uint64(4)):
+                o = np.uint64((i0 + r) * mp + jlo)
+                for t in range(np.uint64(max(nk, 0))):
+                    ap[t * np.uint64(4) + r] = ds[o + t]
             for c0 in range(0, dp, _KT):
                 _mscore(kpad, jlo * dp + c0, dp, ap, 0, nk, acc4, c0, dp, True, c0)
             _store_rows(acc4, dp, i0, nr, D, dqf, qo, qs)
