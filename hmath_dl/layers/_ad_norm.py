@@ -313,11 +313,11 @@ def _vjp_norm_rows(g, node, needs):
         return (dx,)
     from .._kernels.norm_affine import affine_grads_elem
     b = node.parents[2]
-    if (needs[1] or needs[2]) and g.size:
+    if needs[1] or needs[2]:
         dw, db = np.zeros(n), np.zeros(n)
-        affine_grads_elem.sized(g.size)(g.reshape(-1), xhat.reshape(-1), g.size // n, n, dw, db)
-    elif needs[1] or needs[2]:
-        dw, db = np.zeros(n), np.zeros(n)
+        if g.size:
+            affine_grads_elem.sized(g.size)(g.reshape(-1), xhat.reshape(-1), g.size // n, n,
+                                            dw, db)
     dw = None if w is None or not needs[1] else dw.reshape(w.shape)
     db = None if b is None or not needs[2] else db.reshape(b.shape)
     return dx, dw, db
