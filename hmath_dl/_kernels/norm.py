@@ -55,28 +55,32 @@ _ROW_SCALE = 0.25
 
 
 @intrinsic
-def _lane_blocks(typingctx, row, nb, m, sq, acc):
+def _lane_blocks(typingctx, row, start, nb, m, sq, acc, aoff):
     """The lane sums of :func:`_sum` (``sq`` False) or :func:`_sumsq` about ``m`` (``sq``
-    True) over the first ``nb`` blocks of ``LANES`` elements of ``row``, into ``acc[0 ..
-    LANES-1]`` (lane ``k``: ``0.0 + e_k + e_(k+LANES) + ...`` in order; for ``sq`` each
+    True) over the first ``nb`` blocks of ``LANES`` elements of ``row[start:]``, into
+    ``acc[aoff .. aoff+LANES-1]`` (offsets rather than slices: a slice costs an atomic
+    reference count increment and decrement; lane ``k``: ``0.0 + e_k + e_(k+LANES) + ...``
+    in order; for ``sq`` each
     term ``(e - m) * (e - m)`` rounded, then added: no fused multiply-add), kept in
     vector registers for the whole loop (the lane loop written in Numba reloads and
     stores its array of sums for every block).  The same operations in the same order as
     the loops of :func:`_sum` and :func:`_sumsq`: the same bits."""
     if not (_is_c1(row, types.float64) and _is_c1(acc, types.float64)
             and isinstance(nb, types.Integer) and isinstance(m, types.Float)
+            and isinstance(start, types.Integer) and isinstance(aoff, types.Integer)
             and isinstance(sq, types.Boolean)):
         return None
     literal = sq.literal_value if isinstance(sq, types.BooleanLiteral) else None
-    sig = types.void(row, types.int64, types.float64, types.boolean, acc)
+    sig = types.void(row, types.int64, types.int64, types.float64, types.boolean, acc,
+                     types.int64)
     nv = LANES // _VW
     vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
     i64 = llvm_ir.IntType(64)
 
     def codegen(context, builder, signature, args):
-        rowv, nbv, mv, sqv, accv = args
-        src = _data(context, builder, signature.args[0], rowv)
-        dst = _data(context, builder, signature.args[4], accv)
+        rowv, stv, nbv, mv, sqv, accv, aov = args
+        src = builder.gep(_data(context, builder, signature.args[0], rowv), [stv])
+        dst = builder.gep(_data(context, builder, signature.args[5], accv), [aov])
         zero = llvm_ir.Constant(vty, [0.0] * _VW)
         slots = [cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
         mvec = cgutils.alloca_once_value(builder, zero)
@@ -135,7 +139,7 @@ def _sum(row, acc):
     lanes = _lanes_of(acc)
     n = row.shape[0]
     nb = n // lanes
-    _lane_blocks(row, nb, 0.0, False, acc)
+    _lane_blocks(row, 0, nb, 0.0, False, acc, 0)
     t = 0.0
     for k in range(lanes):
         t += acc[k]
@@ -150,7 +154,7 @@ def _sumsq(row, m, acc):
     lanes = _lanes_of(acc)
     n = row.shape[0]
     nb = n // lanes
-    _lane_blocks(row, nb, m, True, acc)
+    _lane_blocks(row, 0, nb, m, True, acc, 0)
     t = 0.0
     for k in range(lanes):
         t += acc[k]
@@ -313,26 +317,24 @@ def _four_lanes(x, b, n, m, sq, acc):
     """The lane sums of :func:`_sum` (``sq`` False) or :func:`_sumsq` about ``m[j]``
     (``sq`` True) of the four rows of length ``n`` at ``b[0..3]``, into ``acc`` (row
     ``j`` in ``acc[j*lanes:(j+1)*lanes]``)."""
-    lanes = _lanes_of(acc[:acc.shape[0] // 4])
+    if acc.shape[0] != 4 * LANES:
+        raise ValueError("norm statistics: the lane sums need 4*LANES slots")
+    lanes = LANES
     nb = n // lanes
     for j in range(4):      # each row's lane sums in registers (:func:`_lane_blocks`)
-        _lane_blocks(x[b[j]:b[j] + n], nb, m[j], sq, acc[j * lanes:(j + 1) * lanes])
+        _lane_blocks(x, b[j], nb, m[j], sq, acc, j * lanes)
 
 
 @inlined
 def _four_totals(acc):
     """The four rows' lane sums of ``acc`` added in order, the four chains side by side."""
-    lanes = acc.shape[0] // 4
-    a0 = acc[0:lanes]
-    a1 = acc[lanes:2 * lanes]
-    a2 = acc[2 * lanes:3 * lanes]
-    a3 = acc[3 * lanes:4 * lanes]
+    lanes = np.uint64(acc.shape[0] // 4)
     t0 = t1 = t2 = t3 = 0.0
-    for k in range(np.uint64(lanes)):
-        t0 += a0[k]
-        t1 += a1[k]
-        t2 += a2[k]
-        t3 += a3[k]
+    for k in range(lanes):
+        t0 += acc[k]
+        t1 += acc[lanes + k]
+        t2 += acc[2 * lanes + k]
+        t3 += acc[3 * lanes + k]
     return t0, t1, t2, t3
 
 
@@ -450,60 +452,63 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
 @inlined
 def _affine_row_out(x, r, n, m, inv, s, w, b, has_b, per_elem, G, cpg, S, check, out, status,
                     xh):
-    """Row ``r``'s output of :func:`normalize_rows_affine` from its statistics."""
+    """Row ``r``'s output of :func:`normalize_rows_affine` from its statistics (flat
+    offsets, unsigned: no slices -- each slice of an array costs an atomic reference
+    count increment and decrement -- and no negative-index test)."""
     st = r * n
-    row = x[st:st + n]
-    orow = out[st:st + n]
     if per_elem:
+        u0 = np.uint64(st)
+        un = np.uint64(n)
         if xh.shape[0] != 0:
-            # xhat kept too: ``row * s`` is ``row`` exactly when s == 1.0, so one
+            # xhat kept too: ``x * s`` is ``x`` exactly when s == 1.0, so one
             # formula gives both paths' bits
-            xrow = xh[st:st + n]
-            for i in range(np.uint64(n)):
-                xrow[i] = (row[i] * s - m) * inv
             if has_b:
-                for i in range(np.uint64(n)):
-                    orow[i] = xrow[i] * w[i] + b[i]
+                for i in range(un):
+                    v = (x[u0 + i] * s - m) * inv
+                    xh[u0 + i] = v
+                    out[u0 + i] = v * w[i] + b[i]
             else:
-                for i in range(np.uint64(n)):
-                    orow[i] = xrow[i] * w[i]
+                for i in range(un):
+                    v = (x[u0 + i] * s - m) * inv
+                    xh[u0 + i] = v
+                    out[u0 + i] = v * w[i]
         elif s == 1.0:
             if has_b:
-                for i in range(np.uint64(n)):
-                    orow[i] = ((row[i] - m) * inv) * w[i] + b[i]
+                for i in range(un):
+                    out[u0 + i] = ((x[u0 + i] - m) * inv) * w[i] + b[i]
             else:
-                for i in range(np.uint64(n)):
-                    orow[i] = ((row[i] - m) * inv) * w[i]
+                for i in range(un):
+                    out[u0 + i] = ((x[u0 + i] - m) * inv) * w[i]
         else:
             if has_b:
-                for i in range(np.uint64(n)):
-                    orow[i] = ((row[i] * s - m) * inv) * w[i] + b[i]
+                for i in range(un):
+                    out[u0 + i] = ((x[u0 + i] * s - m) * inv) * w[i] + b[i]
             else:
-                for i in range(np.uint64(n)):
-                    orow[i] = ((row[i] * s - m) * inv) * w[i]
+                for i in range(un):
+                    out[u0 + i] = ((x[u0 + i] * s - m) * inv) * w[i]
     else:
         c0 = (r % G) * cpg
+        uS = np.uint64(S)
         for k in range(cpg):
             wc = w[c0 + k]
             bc = b[c0 + k] if has_b else 0.0
-            seg = row[k * S:(k + 1) * S]
-            oseg = orow[k * S:(k + 1) * S]
+            u0 = np.uint64(st + k * S)
             if s == 1.0:
                 if has_b:
-                    for i in range(np.uint64(S)):
-                        oseg[i] = ((seg[i] - m) * inv) * wc + bc
+                    for i in range(uS):
+                        out[u0 + i] = ((x[u0 + i] - m) * inv) * wc + bc
                 else:
-                    for i in range(np.uint64(S)):
-                        oseg[i] = ((seg[i] - m) * inv) * wc
+                    for i in range(uS):
+                        out[u0 + i] = ((x[u0 + i] - m) * inv) * wc
             else:
                 if has_b:
-                    for i in range(np.uint64(S)):
-                        oseg[i] = ((seg[i] * s - m) * inv) * wc + bc
+                    for i in range(uS):
+                        out[u0 + i] = ((x[u0 + i] * s - m) * inv) * wc + bc
                 else:
-                    for i in range(np.uint64(S)):
-                        oseg[i] = ((seg[i] * s - m) * inv) * wc
-    # np.int64(0), not 0: a literal argument would compile span_finite once more
-    if check and not span_finite(orow, np.int64(0), orow.shape[0]):
+                    for i in range(uS):
+                        out[u0 + i] = ((x[u0 + i] * s - m) * inv) * wc
+    # np.int64(st), not a literal: a literal argument would compile span_finite once more
+    if check and not span_finite(out, np.int64(st), st + n):
         status[r] = OVERFLOW
 
 
