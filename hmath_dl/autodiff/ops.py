@@ -46,6 +46,8 @@ def _ad(fname, name, x):
 
 # =========================================================================== arithmetic
 def _broadcast(fname, a, b):
+    if a.shape == b.shape:          # the usual case, without numpy's Python-level walk
+        return a.shape
     try:
         return np.broadcast_shapes(a.shape, b.shape)
     except ValueError:
