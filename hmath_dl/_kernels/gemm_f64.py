@@ -22,6 +22,7 @@ build.
   for k in order -- the same chains, vectorised across columns by the compiler.
 """
 
+import functools
 import threading
 
 import numba
@@ -50,6 +51,7 @@ _TASKS_PER_THREAD = 4        # a parallel product is cut into at least this many
 _PACK_ROWS = 64              # rows of an operand per packing task (64 x 256 float64: 128 KiB)
 
 
+@functools.lru_cache(maxsize=512)
 def _tasks(M, N, T, nb=1, threads=1):
     """``(pm, pn, tasks)``: the row panels (of 6-row blocks) and column panels (of tiles
     of ``T`` columns) of each of ``nb`` products of ``M`` rows and ``N`` columns, and the
@@ -556,7 +558,8 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
     b = np.asarray(b, dtype=np.float64)
     M, K = a.shape
     N = b.shape[1]
-    if out is None:
+    fresh = out is None             # (then it overlaps neither operand)
+    if fresh:
         out = np.empty((M, N), dtype=np.float64)
     if M == 0 or N == 0:
         return out, 0
@@ -586,11 +589,11 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
     T = tile_width(N)
     packs = M * N * K < _SERIAL_FMAS or M * K + K * N < (1 << 16)   # copies too small to split
     # a read in place must not be the output (c is written while a is read)
-    a_where = None if np.may_share_memory(out, a) else a_operand(a)
+    a_where = None if not fresh and np.may_share_memory(out, a) else a_operand(a)
     apk = pack_a(a, packs) if a_where is None else None
     b_rows = 0
     # like a, a b read in place must not be the output
-    if b_in_place(b, M, N, K) and not np.may_share_memory(out, b):
+    if b_in_place(b, M, N, K) and (fresh or not np.may_share_memory(out, b)):
         bpk, b_rows = b.reshape(-1), N
     else:
         bpk = _workspace("b", -(-N // T) * K * T)

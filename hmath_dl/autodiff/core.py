@@ -161,7 +161,7 @@ def _frozen(arr: np.ndarray) -> np.ndarray:
     if arr.flags.writeable:
         if arr.base is not None and not arr.flags.owndata and not _alloc.leased_whole(arr):
             arr = arr.copy()        # (a pool block's array is as fresh as an owned one)
-        arr.flags.writeable = False
+        arr.setflags(write=False)
     return arr
 
 

@@ -6,7 +6,6 @@ layer's forward on plain arrays, the decorator does the wiring every layer share
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 
@@ -19,15 +18,25 @@ from ..errors import MathError
 UNBATCHED = object()
 
 
-@contextlib.contextmanager
-def _named(fname):
-    """Re-raise errors of a plain layer with ``fname`` in front of the message."""
-    try:
-        yield
-    except MathError as exc:
-        raise type(exc)(f"{fname}: {exc}") from None
-    except TypeError as exc:
-        raise TypeError(f"{fname}: {exc}") from None
+class _named:
+    """``with _named(fname):`` re-raises errors of a plain layer with ``fname`` in front
+    of the message (a class: entering and leaving cost ~0.3 us, a generator-based
+    context manager ~1.5 us, on every layer call)."""
+
+    __slots__ = ("fname",)
+
+    def __init__(self, fname):
+        self.fname = fname
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, MathError):
+            raise type(exc)(f"{self.fname}: {exc}") from None
+        if isinstance(exc, TypeError):
+            raise TypeError(f"{self.fname}: {exc}") from None
+        return False
 
 
 def _ad(fname, name, x):

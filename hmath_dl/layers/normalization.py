@@ -39,6 +39,8 @@ def _raise_status(fname, status, xa, what="x", unit="row"):
     """The kernels' per-unit status codes (:mod:`.._kernels.status`) through the one
     finishing step: a NaN/inf in ``xa`` is reported before anything else, then the first
     bad unit (ZERO_SLICE: DomainError, anything else: NumericOverflow)."""
+    if not status.any():            # the usual case, without building the messages
+        return
     _checks.finish(
         fname, status, inputs=((what, xa),),
         zero_slice=lambda i: (f"{unit} {i} of {what} is all zeros (its norm is 0; "
@@ -89,8 +91,8 @@ def _rows_affine(fname, xa, rows, n, eps, center, w, b, per_elem, groups, cpg, s
     # |xhat| <= sqrt(n): outputs can only leave the float64 range when this bound is huge
     check = False
     if w is not None or has_b:
-        wmax = float(np.max(np.abs(wk))) if wk.size else 0.0   # max: exact, order-free
-        bmax = float(np.max(np.abs(bk))) if has_b and bk.size else 0.0
+        wmax = float(np.abs(wk).max()) if wk.size else 0.0   # max: exact, order-free
+        bmax = float(np.abs(bk).max()) if has_b and bk.size else 0.0
         check = wmax * (n ** 0.5) * 1.001 + bmax > 1.0e300
     status = np.zeros(rows, dtype=np.int8)
     normalize_rows_affine.sized(xa.size)(readonly(xa.reshape(-1)), rows, n, eps, center,
