@@ -15,91 +15,104 @@ library's own exp, :mod:`hmath_dl._kernels.libm`, within 1 ulp), ``s`` = the sum
 
 import numpy as np
 
-from ._jit import helper, span_kernel
+from ._jit import inlined, span_kernel
 from .libm import _wide, exp_inline, log_inline
-from .reduce import _row_sum as _sum8   # the eight-partial fixed order
+from .reduce import _run_sum   # the eight-partial fixed order
 
 
-@helper
-def _row_max(a):
-    """max_j a_j of a non-empty 1-D array, as eight interleaved partial maxima (the
-    maximum is exact, so the order does not change it; only which of two equal zeros of
-    opposite sign is kept, which no result below depends on: it matters only through
-    ``z_j - log(s)`` with ``s = 1``, i.e. a single maximal element)."""
-    n = a.shape[0]
+@inlined
+def _run_max(a, start, n):
+    """max of ``a[start:start + n]`` (``a`` flat, ``n >= 1``) as eight interleaved partial
+    maxima (the maximum is exact, so the order does not change it; only which of two
+    equal zeros of opposite sign is kept, which no result below depends on: it matters
+    only through ``z_j - log(s)`` with ``s = 1``, i.e. a single maximal element).
+    Unsigned offsets into the flat array, as :func:`.reduce._run_sum`: no view per row (a
+    view costs an atomic reference-count update) and no negative-index test."""
+    i0 = np.uint64(start)
+    un = np.uint64(n)
+    one = np.uint64(1)
     if n < 8:
-        m = a[0]
-        for j in range(1, n):
-            m = max(m, a[j])
+        m = a[i0]
+        for j in range(one, un):
+            m = max(m, a[i0 + j])
         return m
-    m0 = a[0]
-    m1 = a[1]
-    m2 = a[2]
-    m3 = a[3]
-    m4 = a[4]
-    m5 = a[5]
-    m6 = a[6]
-    m7 = a[7]
-    i = 8
-    while i + 8 <= n:
+    m0 = a[i0]
+    m1 = a[i0 + one]
+    m2 = a[i0 + np.uint64(2)]
+    m3 = a[i0 + np.uint64(3)]
+    m4 = a[i0 + np.uint64(4)]
+    m5 = a[i0 + np.uint64(5)]
+    m6 = a[i0 + np.uint64(6)]
+    m7 = a[i0 + np.uint64(7)]
+    eight = np.uint64(8)
+    i = i0 + eight
+    end = i0 + un
+    while i + eight <= end:
         m0 = max(m0, a[i])
-        m1 = max(m1, a[i + 1])
-        m2 = max(m2, a[i + 2])
-        m3 = max(m3, a[i + 3])
-        m4 = max(m4, a[i + 4])
-        m5 = max(m5, a[i + 5])
-        m6 = max(m6, a[i + 6])
-        m7 = max(m7, a[i + 7])
-        i += 8
+        m1 = max(m1, a[i + one])
+        m2 = max(m2, a[i + np.uint64(2)])
+        m3 = max(m3, a[i + np.uint64(3)])
+        m4 = max(m4, a[i + np.uint64(4)])
+        m5 = max(m5, a[i + np.uint64(5)])
+        m6 = max(m6, a[i + np.uint64(6)])
+        m7 = max(m7, a[i + np.uint64(7)])
+        i += eight
     m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-    while i < n:
+    while i < end:
         m = max(m, a[i])
-        i += 1
+        i += one
     return m
 
 
 @span_kernel(iterations=lambda x, out, log: x.shape[0], work=lambda x, out, log: x.size)
 def softmax_rows(x, out, log, r0, r1):
     """Rows ``r0 .. r1-1`` of the softmax (or log-softmax) of ``x`` into ``out`` (module
-    docstring); a span kernel, called as ``softmax_rows(x, out, log)``."""
+    docstring; both C-contiguous); a span kernel, called as ``softmax_rows(x, out, log)``.
+    Each row by offsets into the flat arrays (1024 rows of 64: a view per row and two
+    called helpers cost as much as the row's 64 exponentials)."""
     c = x.shape[1]
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    uc = np.uint64(c)
     for r in range(r0, r1):
         _wide()
-        xr = x[r]
-        o = out[r]
-        m = _row_max(xr)
-        for j in range(c):
-            o[j] = exp_inline(xr[j] - m)
-        s = _sum8(o)
+        b = np.uint64(r) * uc
+        m = _run_max(xf, b, c)
+        for j in range(uc):
+            of[b + j] = exp_inline(xf[b + j] - m)
+        s = _run_sum(of, b, c)
         if log:
             ls = log_inline(s)
-            for j in range(c):
-                o[j] = (xr[j] - m) - ls
+            for j in range(uc):
+                of[b + j] = (xf[b + j] - m) - ls
         else:
-            for j in range(c):
-                o[j] = o[j] / s
+            for j in range(uc):
+                of[b + j] = of[b + j] / s
 
 
 @span_kernel(iterations=lambda y, g, out, log: y.shape[0], work=lambda y, g, out, log: y.size)
 def softmax_backward_rows(y, g, out, log, r0, r1):
-    """Rows ``r0 .. r1-1`` of the softmax backward (module docstring); a span kernel,
-    called as ``softmax_backward_rows(y, g, out, log)``."""
+    """Rows ``r0 .. r1-1`` of the softmax backward (module docstring; C-contiguous
+    arrays, rows by offsets as in :func:`softmax_rows`); a span kernel, called as
+    ``softmax_backward_rows(y, g, out, log)``."""
     c = y.shape[1]
+    yf = y.reshape(-1)
+    gf = g.reshape(-1)
+    of = out.reshape(-1)
+    uc = np.uint64(c)
     for r in range(r0, r1):
         _wide()
-        yr = y[r]
-        gr = g[r]
-        o = out[r]
+        b = np.uint64(r) * uc
         if log:
-            t = _sum8(gr)
-            for j in range(c):
-                o[j] = gr[j] - exp_inline(yr[j]) * t
+            t = _run_sum(gf, b, c)
+            for j in range(uc):
+                of[b + j] = gf[b + j] - exp_inline(yf[b + j]) * t
         else:
-            for j in range(c):
-                o[j] = gr[j] * yr[j]
-            t = _sum8(o)
-            for j in range(c):
-                o[j] = yr[j] * (gr[j] - t)
+            for j in range(uc):
+                of[b + j] = gf[b + j] * yf[b + j]
+            t = _run_sum(of, b, c)
+            for j in range(uc):
+                of[b + j] = yf[b + j] * (gf[b + j] - t)
 
 
 def _rows(a, axis):
