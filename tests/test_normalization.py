@@ -453,3 +453,49 @@ def test_rows_follow_the_documented_order_whatever_their_neighbours(n, center):
                 else:
                     want = affine(_row_norm_oracle(xs[r], 1e-5, center))
                     assert np.array_equal(got[r].view(np.int64), want.view(np.int64)), r
+
+
+def _norm_rows_backward_loops(x, y, g, w, rows, n, eps, center):
+    """Plain-loop oracle of the row-norm backward (layer norm / RMS norm): per row, every
+    sum from 0.0 in increasing j; ``gh = g * w`` rounded; ``dx = r (gh - mean(gh) [if
+    centered] - y mean(gh y))``, ``r = 1 / sqrt(var + eps)``."""
+    dx = np.empty(rows * n)
+    for row in range(rows):
+        b = row * n
+        m = 0.0
+        if center:
+            for j in range(n):
+                m += float(x[b + j])
+            m *= 1.0 / n
+        v = 0.0
+        for j in range(n):
+            d = float(x[b + j]) - m
+            v += d * d
+        r = 1.0 / math.sqrt(v * (1.0 / n) + eps)
+        s = q = 0.0
+        for j in range(n):
+            h = float(g[b + j]) * float(w[j])
+            s += h
+            q += h * float(y[b + j])
+        mg = s * (1.0 / n) if center else 0.0
+        mgy = q * (1.0 / n)
+        for j in range(n):
+            dx[b + j] = r * (float(g[b + j]) * float(w[j]) - mg - float(y[b + j]) * mgy)
+    return dx
+
+
+@pytest.mark.parametrize("rows,n", [(1024, 64), (13, 7), (9, 5), (17, 33), (8, 1), (5, 64),
+                                    (16, 3), (24, 8), (3, 100)])
+@pytest.mark.parametrize("center", [True, False])
+def test_norm_rows_backward_matches_loops(rows, n, center):
+    """The row-norm backward kernel (rows a vector's width at a time, one row per lane,
+    the rest one by one) gives the plain loops' bits: whole and partial groups of rows,
+    rows shorter than a vector, a column tail, with and without centering."""
+    from hmath_dl._kernels.backward import norm_rows_backward
+    rng = np.random.default_rng(rows * 100 + n)
+    x, y, g = (rng.standard_normal(rows * n) * 3.0 for _ in range(3))
+    w = readonly(rng.standard_normal(n))
+    dx = np.empty(rows * n)
+    norm_rows_backward(x, y, g, w, rows, n, 1e-5, center, dx)
+    assert dx.tobytes() == _norm_rows_backward_loops(x, y, g, w, rows, n, 1e-5,
+                                                     center).tobytes()

@@ -13,9 +13,13 @@ The convolution gradients are Layers II's entry points (``_kernels/conv_plan.py`
 import math
 
 import numpy as np
-from numba import prange
+from llvmlite import ir as llvm_ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ._jit import inlined, kernel, span_kernel
+from ._simd import _I64, _VW, _accepts, _data, _rows_side_by_side, _vptr
 
 
 # --------------------------------------------------------------------------- row norms
@@ -30,16 +34,133 @@ def norm_rows_backward(x, y, g, w, rows, n, eps, center, dx):
 
         dx = r * (gh - [center] mean(gh) - y * mean(gh * y))
 
-    Every sum runs over its row in increasing ``j`` from 0.0.  Rows are taken four at a
-    time with their chains interleaved (:func:`_four_rows`: the same operations per row,
-    so the same bits, without waiting on one add's latency per element); the last
-    ``rows % 4`` rows one by one."""
-    nq = rows // 4
-    for t in prange(nq + rows % 4):
+    Every sum runs over its row in increasing ``j`` from 0.0.  Rows are taken ``VW`` at
+    a time (4 on AVX2, 8 on AVX-512), one row per vector lane (:func:`_lane_sums`: each
+    ``VW x VW`` block of the rows transposed, so that lane ``i``'s chain is row ``i``'s
+    sum in order: the same operations per row, so the same bits, a vector add per
+    column instead of ``VW`` scalar ones); the last ``rows % VW`` rows one by one."""
+    nq = rows // _VW
+    for t in prange(nq + rows % _VW):
         if t < nq:
-            _four_rows(x, y, g, w, 4 * t * n, n, eps, center, dx)
+            _lane_rows(x, y, g, w, _VW * t * n, n, eps, center, dx)
         else:
-            _one_row(x, y, g, w, (4 * nq + t - nq) * n, n, eps, center, dx)
+            _one_row(x, y, g, w, (_VW * nq + t - nq) * n, n, eps, center, dx)
+
+
+@intrinsic
+def _lane_sums(typingctx, x, y, g, w, base, n, inv_n, center, out):
+    """The four chains of :func:`_one_row` for the ``VW`` rows of length ``n`` at ``base``
+    (row ``i`` at ``base + i*n``), row ``i`` in vector lane ``i``: ``out[0:VW]`` the means
+    ``m`` (``sum x * inv_n``, 0.0 when not ``center``), ``out[VW:2VW]`` the sums of
+    ``(x - m) * (x - m)``, ``out[2VW:3VW]`` the sums of ``gh = g * w[j]`` and
+    ``out[3VW:4VW]`` the sums of ``gh * y``: every sum from 0.0 over ``j`` in increasing
+    order, each product rounded, then added (no fused multiply-add) -- exactly
+    :func:`_one_row`'s operations.  The ``VW`` rows' values of each column come from a
+    transposed ``VW x VW`` block (vector loads along the rows, shuffles); the last
+    ``n % VW`` columns element by element.  1-D C-contiguous float64 arrays; the caller
+    guarantees the addresses."""
+    if not (_accepts(f64=(x, y, g, w, out), ints=(base, n)) and isinstance(inv_n, types.Float)
+            and isinstance(center, types.Boolean)):
+        return None
+    sig = types.void(x, y, g, w, types.int64, types.int64, types.float64, types.boolean, out)
+    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
+    i32 = llvm_ir.IntType(32)
+
+    def codegen(context, builder, signature, args):
+        xa, ya, ga, wa, bv, nv, invv, cv, oa = args
+        t = signature.args
+        xd, yd, gd, wd, od = (_data(context, builder, t[q], args[q]) for q in (0, 1, 2, 3, 8))
+        zero = llvm_ir.Constant(vty, [0.0] * _VW)
+        undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+        zmask = llvm_ir.Constant(llvm_ir.VectorType(i32, _VW), [0] * _VW)
+
+        def splat(s):
+            return builder.shuffle_vector(builder.insert_element(
+                undef, s, llvm_ir.Constant(i32, 0)), undef, zmask)
+
+        nfull = builder.sub(nv, builder.srem(nv, llvm_ir.Constant(_I64, _VW)))
+        ptrs = {q: builder.gep(d, [bv]) for q, d in (("x", xd), ("y", yd), ("g", gd))}
+
+        def columns(name, j0):
+            """The VW columns j0 .. j0+VW-1 of the rows of ``name``, one vector each."""
+            whole = _rows_side_by_side(builder, builder.gep(ptrs[name], [j0]), nv, _VW)
+            wu = llvm_ir.Constant(whole.type, llvm_ir.Undefined)
+            return [builder.shuffle_vector(whole, wu, llvm_ir.Constant(
+                llvm_ir.VectorType(i32, _VW), [r * _VW + c for r in range(_VW)]))
+                for c in range(_VW)]
+
+        def column(name, j):
+            """Column ``j`` of the rows of ``name`` (the tail), element by element."""
+            v = undef
+            for r in range(_VW):
+                p = builder.gep(ptrs[name], [builder.add(j, builder.mul(
+                    llvm_ir.Constant(_I64, r), nv))])
+                v = builder.insert_element(v, builder.load(p), llvm_ir.Constant(i32, r))
+            return v
+
+        def chain(slots, step):
+            """``step(j, cols)`` for the full blocks (VW columns at a time), then the tail."""
+            with cgutils.for_range_slice(builder, llvm_ir.Constant(_I64, 0), nfull,
+                                         llvm_ir.Constant(_I64, _VW)) as (j0, _):
+                step(j0, None)
+            with cgutils.for_range_slice(builder, nfull, nv, llvm_ir.Constant(_I64, 1)) \
+                    as (j, _):
+                step(j, 1)
+
+        # pass 1: the means (when centering)
+        acc_m = cgutils.alloca_once_value(builder, zero)
+        with builder.if_then(context.cast(builder, cv, t[7], types.boolean)):
+            def add_x(j, tail):
+                cols = [column("x", j)] if tail else columns("x", j)
+                for c in cols:
+                    builder.store(builder.fadd(builder.load(acc_m), c), acc_m)
+            chain(None, add_x)
+            builder.store(builder.fmul(builder.load(acc_m), splat(invv)), acc_m)
+        m = builder.load(acc_m)
+        # pass 2: the squared deviations
+        acc_v = cgutils.alloca_once_value(builder, zero)
+
+        def add_d(j, tail):
+            cols = [column("x", j)] if tail else columns("x", j)
+            for c in cols:
+                d = builder.fsub(c, m)
+                builder.store(builder.fadd(builder.load(acc_v), builder.fmul(d, d)), acc_v)
+        chain(None, add_d)
+        # pass 3: sum gh and sum gh*y, gh = g * w[j]
+        acc_s = cgutils.alloca_once_value(builder, zero)
+        acc_q = cgutils.alloca_once_value(builder, zero)
+
+        def add_g(j, tail):
+            gs = [column("g", j)] if tail else columns("g", j)
+            ys = [column("y", j)] if tail else columns("y", j)
+            for c in range(len(gs)):
+                wj = builder.load(builder.gep(wd, [builder.add(j, llvm_ir.Constant(_I64, c))]))
+                h = builder.fmul(gs[c], splat(wj))
+                builder.store(builder.fadd(builder.load(acc_s), h), acc_s)
+                builder.store(builder.fadd(builder.load(acc_q), builder.fmul(h, ys[c])), acc_q)
+        chain(None, add_g)
+        for q, v in enumerate((m, builder.load(acc_v), builder.load(acc_s),
+                               builder.load(acc_q))):
+            builder.store(v, _vptr(builder, od, q * _VW), align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@inlined
+def _lane_rows(x, y, g, w, base, n, eps, center, dx):
+    """The ``VW`` rows at ``base`` of :func:`norm_rows_backward`: their sums by
+    :func:`_lane_sums`, then each row's output as :func:`_one_row` forms it."""
+    inv_n = 1.0 / n
+    sums = np.empty(4 * _VW)
+    _lane_sums(x, y, g, w, base, n, inv_n, center, sums)
+    for k in range(_VW):
+        r = 1.0 / math.sqrt(sums[_VW + k] * inv_n + eps)
+        mg = sums[2 * _VW + k] * inv_n if center else 0.0
+        mgy = sums[3 * _VW + k] * inv_n
+        ub = np.uint64(base + k * n)
+        for j in range(np.uint64(n)):
+            dx[ub + j] = r * (g[ub + j] * w[j] - mg - y[ub + j] * mgy)
 
 
 @inlined
@@ -67,63 +188,6 @@ def _one_row(x, y, g, w, base, n, eps, center, dx):
     mgy = sgy * inv_n
     for j in range(n):
         dx[base + j] = r * (g[base + j] * w[j] - mg - y[base + j] * mgy)
-
-
-@inlined
-def _four_rows(x, y, g, w, base, n, eps, center, dx):
-    """Rows ``base``, ``base + n``, ``base + 2n``, ``base + 3n`` of
-    :func:`norm_rows_backward`: each row's operations of :func:`_one_row`, the four rows'
-    sums side by side in one loop."""
-    inv_n = 1.0 / n
-    b0, b1, b2, b3 = base, base + n, base + 2 * n, base + 3 * n
-    m0 = m1 = m2 = m3 = 0.0
-    if center:
-        for j in range(n):
-            m0 += x[b0 + j]
-            m1 += x[b1 + j]
-            m2 += x[b2 + j]
-            m3 += x[b3 + j]
-        m0 *= inv_n
-        m1 *= inv_n
-        m2 *= inv_n
-        m3 *= inv_n
-    v0 = v1 = v2 = v3 = 0.0
-    for j in range(n):
-        d0 = x[b0 + j] - m0
-        d1 = x[b1 + j] - m1
-        d2 = x[b2 + j] - m2
-        d3 = x[b3 + j] - m3
-        v0 += d0 * d0
-        v1 += d1 * d1
-        v2 += d2 * d2
-        v3 += d3 * d3
-    s0 = s1 = s2 = s3 = 0.0
-    q0 = q1 = q2 = q3 = 0.0
-    for j in range(n):
-        wj = w[j]
-        h0 = g[b0 + j] * wj
-        h1 = g[b1 + j] * wj
-        h2 = g[b2 + j] * wj
-        h3 = g[b3 + j] * wj
-        s0 += h0
-        q0 += h0 * y[b0 + j]
-        s1 += h1
-        q1 += h1 * y[b1 + j]
-        s2 += h2
-        q2 += h2 * y[b2 + j]
-        s3 += h3
-        q3 += h3 * y[b3 + j]
-    for k in range(4):
-        bk = b0 if k == 0 else (b1 if k == 1 else (b2 if k == 2 else b3))
-        vk = v0 if k == 0 else (v1 if k == 1 else (v2 if k == 2 else v3))
-        sk = s0 if k == 0 else (s1 if k == 1 else (s2 if k == 2 else s3))
-        qk = q0 if k == 0 else (q1 if k == 1 else (q2 if k == 2 else q3))
-        r = 1.0 / math.sqrt(vk * inv_n + eps)
-        mg = sk * inv_n if center else 0.0
-        mgy = qk * inv_n
-        ub = np.uint64(bk)
-        for j in range(np.uint64(n)):
-            dx[ub + j] = r * (g[ub + j] * w[j] - mg - y[ub + j] * mgy)
 
 
 # --------------------------------------------------------------------------- batch norm
