@@ -98,14 +98,15 @@ def _lane_sums(typingctx, x, y, g, w, base, n, inv_n, center, out):
                 v = builder.insert_element(v, builder.load(p), llvm_ir.Constant(i32, r))
             return v
 
-        def chain(slots, step):
-            """``step(j, cols)`` for the full blocks (VW columns at a time), then the tail."""
+        def chain(step):
+            """``step(j0, False)`` for the full blocks (columns ``j0 .. j0+VW-1``), then
+            ``step(j, True)`` for each tail column."""
             with cgutils.for_range_slice(builder, llvm_ir.Constant(_I64, 0), nfull,
                                          llvm_ir.Constant(_I64, _VW)) as (j0, _):
-                step(j0, None)
+                step(j0, False)
             with cgutils.for_range_slice(builder, nfull, nv, llvm_ir.Constant(_I64, 1)) \
                     as (j, _):
-                step(j, 1)
+                step(j, True)
 
         # pass 1: the means (when centering)
         acc_m = cgutils.alloca_once_value(builder, zero)
@@ -114,7 +115,7 @@ def _lane_sums(typingctx, x, y, g, w, base, n, inv_n, center, out):
                 cols = [column("x", j)] if tail else columns("x", j)
                 for c in cols:
                     builder.store(builder.fadd(builder.load(acc_m), c), acc_m)
-            chain(None, add_x)
+            chain(add_x)
             builder.store(builder.fmul(builder.load(acc_m), splat(invv)), acc_m)
         m = builder.load(acc_m)
         # pass 2: the squared deviations
@@ -125,7 +126,7 @@ def _lane_sums(typingctx, x, y, g, w, base, n, inv_n, center, out):
             for c in cols:
                 d = builder.fsub(c, m)
                 builder.store(builder.fadd(builder.load(acc_v), builder.fmul(d, d)), acc_v)
-        chain(None, add_d)
+        chain(add_d)
         # pass 3: sum gh and sum gh*y, gh = g * w[j]
         acc_s = cgutils.alloca_once_value(builder, zero)
         acc_q = cgutils.alloca_once_value(builder, zero)
@@ -138,7 +139,7 @@ def _lane_sums(typingctx, x, y, g, w, base, n, inv_n, center, out):
                 h = builder.fmul(gs[c], splat(wj))
                 builder.store(builder.fadd(builder.load(acc_s), h), acc_s)
                 builder.store(builder.fadd(builder.load(acc_q), builder.fmul(h, ys[c])), acc_q)
-        chain(None, add_g)
+        chain(add_g)
         for q, v in enumerate((m, builder.load(acc_v), builder.load(acc_s),
                                builder.load(acc_q))):
             builder.store(v, _vptr(builder, od, q * _VW), align=8)
