@@ -645,6 +645,17 @@ def _rows_side_by_side(builder, ps, ls, R):
     return rows[0]
 
 
+def _block_columns(builder, ps, ls):
+    """The ``VW`` columns of the ``VW x VW`` float64 block whose row ``r`` starts at
+    ``ps + r*ls``, one vector each (column ``c``'s lane ``r`` = row ``r``'s element
+    ``c``): ``VW`` vector loads along the rows and shuffles (a transpose; no arithmetic)."""
+    i32 = llvm_ir.IntType(32)
+    whole = _rows_side_by_side(builder, ps, ls, _VW)
+    undef = llvm_ir.Constant(whole.type, llvm_ir.Undefined)
+    return [builder.shuffle_vector(whole, undef, llvm_ir.Constant(
+        llvm_ir.VectorType(i32, _VW), [r * _VW + c for r in range(_VW)])) for c in range(_VW)]
+
+
 @intrinsic
 def _transpose_block(typingctx, src, s_off, lds, dst, d_off, ldd):
     """``dst[d_off + c*ldd + r] = src[s_off + r*lds + c]`` for ``r, c < VW`` (one
@@ -659,14 +670,8 @@ def _transpose_block(typingctx, src, s_off, lds, dst, d_off, ldd):
         sa, so, ls, da, do, ld = args
         sd = _data(context, builder, signature.args[0], sa)
         dd = _data(context, builder, signature.args[3], da)
-        i32 = llvm_ir.IntType(32)
-        # the rows side by side in one VW*VW-lane value, then column c picked from it
-        whole = _rows_side_by_side(builder, builder.gep(sd, [so]), ls, _VW)
-        undef = llvm_ir.Constant(whole.type, llvm_ir.Undefined)
         pd = builder.gep(dd, [do])
-        for c in range(_VW):
-            col = builder.shuffle_vector(whole, undef, llvm_ir.Constant(
-                llvm_ir.VectorType(i32, _VW), [r * _VW + c for r in range(_VW)]))
+        for c, col in enumerate(_block_columns(builder, builder.gep(sd, [so]), ls)):
             builder.store(col, _vptr(builder, builder.gep(pd, [builder.mul(
                 llvm_ir.Constant(_I64, c), ld)]), 0), align=8)
         return context.get_dummy_value()

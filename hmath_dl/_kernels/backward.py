@@ -19,7 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._jit import inlined, kernel, span_kernel
-from ._simd import _I64, _VW, _accepts, _data, _rows_side_by_side, _vptr
+from ._simd import _I64, _VTY, _VW, _accepts, _block_columns, _data, _splat, _vptr
 
 
 # --------------------------------------------------------------------------- row norms
@@ -63,31 +63,20 @@ def _lane_sums(typingctx, x, y, g, w, base, n, inv_n, center, out):
             and isinstance(center, types.Boolean)):
         return None
     sig = types.void(x, y, g, w, types.int64, types.int64, types.float64, types.boolean, out)
-    vty = llvm_ir.VectorType(llvm_ir.DoubleType(), _VW)
     i32 = llvm_ir.IntType(32)
 
     def codegen(context, builder, signature, args):
         xa, ya, ga, wa, bv, nv, invv, cv, oa = args
         t = signature.args
         xd, yd, gd, wd, od = (_data(context, builder, t[q], args[q]) for q in (0, 1, 2, 3, 8))
-        zero = llvm_ir.Constant(vty, [0.0] * _VW)
-        undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
-        zmask = llvm_ir.Constant(llvm_ir.VectorType(i32, _VW), [0] * _VW)
-
-        def splat(s):
-            return builder.shuffle_vector(builder.insert_element(
-                undef, s, llvm_ir.Constant(i32, 0)), undef, zmask)
-
+        zero = llvm_ir.Constant(_VTY, [0.0] * _VW)
+        undef = llvm_ir.Constant(_VTY, llvm_ir.Undefined)
         nfull = builder.sub(nv, builder.srem(nv, llvm_ir.Constant(_I64, _VW)))
         ptrs = {q: builder.gep(d, [bv]) for q, d in (("x", xd), ("y", yd), ("g", gd))}
 
         def columns(name, j0):
             """The VW columns j0 .. j0+VW-1 of the rows of ``name``, one vector each."""
-            whole = _rows_side_by_side(builder, builder.gep(ptrs[name], [j0]), nv, _VW)
-            wu = llvm_ir.Constant(whole.type, llvm_ir.Undefined)
-            return [builder.shuffle_vector(whole, wu, llvm_ir.Constant(
-                llvm_ir.VectorType(i32, _VW), [r * _VW + c for r in range(_VW)]))
-                for c in range(_VW)]
+            return _block_columns(builder, builder.gep(ptrs[name], [j0]), nv)
 
         def column(name, j):
             """Column ``j`` of the rows of ``name`` (the tail), element by element."""
@@ -116,7 +105,7 @@ def _lane_sums(typingctx, x, y, g, w, base, n, inv_n, center, out):
                 for c in cols:
                     builder.store(builder.fadd(builder.load(acc_m), c), acc_m)
             chain(add_x)
-            builder.store(builder.fmul(builder.load(acc_m), splat(invv)), acc_m)
+            builder.store(builder.fmul(builder.load(acc_m), _splat(builder, invv)), acc_m)
         m = builder.load(acc_m)
         # pass 2: the squared deviations
         acc_v = cgutils.alloca_once_value(builder, zero)
@@ -136,7 +125,7 @@ def _lane_sums(typingctx, x, y, g, w, base, n, inv_n, center, out):
             ys = [column("y", j)] if tail else columns("y", j)
             for c in range(len(gs)):
                 wj = builder.load(builder.gep(wd, [builder.add(j, llvm_ir.Constant(_I64, c))]))
-                h = builder.fmul(gs[c], splat(wj))
+                h = builder.fmul(gs[c], _splat(builder, wj))
                 builder.store(builder.fadd(builder.load(acc_s), h), acc_s)
                 builder.store(builder.fadd(builder.load(acc_q), builder.fmul(h, ys[c])), acc_q)
         chain(add_g)

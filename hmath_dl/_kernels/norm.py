@@ -59,11 +59,10 @@ def _lane_blocks(typingctx, row, start, nb, m, sq, acc, aoff):
     """The lane sums of :func:`_sum` (``sq`` False) or :func:`_sumsq` about ``m`` (``sq``
     True) over the first ``nb`` blocks of ``LANES`` elements of ``row[start:]``, into
     ``acc[aoff .. aoff+LANES-1]`` (offsets rather than slices: a slice costs an atomic
-    reference count increment and decrement; lane ``k``: ``0.0 + e_k + e_(k+LANES) + ...``
-    in order; for ``sq`` each
-    term ``(e - m) * (e - m)`` rounded, then added: no fused multiply-add), kept in
-    vector registers for the whole loop (the lane loop written in Numba reloads and
-    stores its array of sums for every block).  The same operations in the same order as
+    reference count increment and decrement).  Lane ``k``: ``0.0 + e_k + e_(k+LANES) +
+    ...`` in order (for ``sq`` each term ``(e - m) * (e - m)`` rounded, then added: no
+    fused multiply-add), kept in vector registers for the whole loop (the lane loop
+    written in Numba reloads and stores its array of sums for every block).  The same operations in the same order as
     the loops of :func:`_sum` and :func:`_sumsq`: the same bits."""
     if not (_is_c1(row, types.float64) and _is_c1(acc, types.float64)
             and isinstance(nb, types.Integer) and isinstance(m, types.Float)
