@@ -730,6 +730,7 @@ def _backward_in_specified_order(q, k, v, p, go, scale):
     (2, 64, 64, 16, 16, "causal"),     # the character transformer's heads
     (3, 9, 33, 5, 17, "random"),       # tails of every tile and feature block
     (2, 17, 20, 64, 3, "none"),
+    (2, 21, 23, 6, 5, "band"),         # neighbouring rows' spans apart: no common part
 ])
 def test_attention_backward_is_the_specified_order_bit_for_bit(B, N, M, D, F, kind):
     from hmath_dl._kernels.attention import attention_backward, attention_forward
@@ -741,6 +742,11 @@ def test_attention_backward_is_the_specified_order_bit_for_bit(B, N, M, D, F, ki
     elif kind == "random":
         mask = rng.random((B, N, M)) < 0.5
         mask[0, 1] = False
+    elif kind == "band":    # row i sees keys i-2 .. i (row 4 none, row 9 key 0 too)
+        i, j = np.indices((N, M))
+        mask = ((j <= i) & (j >= i - 2))[None].copy()
+        mask[0, 4] = False
+        mask[0, 9, 0] = True
     else:
         mask = np.ones((0, 0, 0), bool)
     out, p = np.empty((B, N, F)), np.empty((B, N, M))

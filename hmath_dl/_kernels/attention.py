@@ -74,6 +74,8 @@ _KV = 2
 _KT = _VW * _KV
 _mscore = _make_micro_acc(_QB, _KV, fused=False)
 _mvalue = _mscore
+# the backward's products read their a operand where it lies (ds, p, go: strided rows)
+_mstrided = _make_micro_acc(_QB, _KV, fused=False, astrided=True)
 
 
 @inlined
@@ -589,10 +591,25 @@ def _union_span(lo, hi, a, n):
 
 
 @inlined
-def _padded_rows(src, o0, rs, rows, width, wp):
-    """``[rows, wp]`` copy of a ``[rows, width]`` operand (row ``i`` at ``src[o0 + i*rs]``),
-    zeros past ``width``: the micro-kernel's ``b`` rows, whole vectors."""
-    out = np.zeros(rows * wp)
+def _rows_spanning(rlo, rhi, n, jl, jh):
+    """``(first, last)`` of the rows ``i < n`` whose span ``[rlo[i], rhi[i]]`` meets the
+    keys ``jl .. jh`` (``(0, -1)`` when none does; an empty span is ``rlo > rhi``)."""
+    first = 0
+    while first < n and (rlo[first] > jh or rhi[first] < jl):
+        first += 1
+    if first == n:
+        return 0, -1
+    last = n - 1
+    while rlo[last] > jh or rhi[last] < jl:
+        last -= 1
+    return first, last
+
+
+@inlined
+def _padded_rows(src, o0, rs, rows, width, wp, nrows):
+    """``[nrows, wp]`` copy of a ``[rows, width]`` operand (row ``i`` at ``src[o0 + i*rs]``),
+    zeros past ``width`` and past ``rows``: the micro-kernel's ``b`` rows, whole vectors."""
+    out = np.zeros(nrows * wp)
     uw, uwp, urs = np.uint64(width), np.uint64(wp), np.uint64(rs)
     for i in range(np.uint64(rows)):
         o = np.uint64(o0) + i * urs
@@ -612,6 +629,58 @@ def _store_rows(acc, wp, r0, nr, width, out, o0, rs):
         a = r * uwp
         for c in range(uw):
             out[o + c] = acc[a + c]
+
+
+@inlined
+def _chain(acc, ds, e, pf, p, lo, hi):
+    """``acc`` plus the terms ``ds[e + j] * pf[p + j]``, ``j = lo .. hi`` in order."""
+    ue, up = np.uint64(e), np.uint64(p)
+    for j in range(np.uint64(lo), np.uint64(hi + 1)):
+        acc += ds[ue + j] * pf[up + j]
+    return acc
+
+
+@inlined
+def _rowsums4(ds, pf, rw):
+    """``rowsum(dp * p)`` of four rows of the backward: row ``r``'s sum is one chain over
+    its own span, ``j`` increasing from 0.0 -- ``ds[e + j] * pf[p + j]`` for ``j = lo ..
+    hi`` with ``(e, p, lo, hi) = rw[r], rw[4 + r], rw[8 + r], rw[12 + r]``; a row with
+    ``hi < lo`` sums to 0.0 (its ``e, p`` must still be a valid row's).  The four chains
+    are interleaved over the part ``[L, H]`` that every summed row covers (no test per
+    term); each row's terms before ``L`` are added first and those after ``H`` last, so
+    every chain keeps its order."""
+    L = 0
+    H = np.int64(1) << 62
+    n = 0
+    for r in range(4):
+        if rw[12 + r] >= rw[8 + r]:
+            L = max(L, rw[8 + r])
+            H = min(H, rw[12 + r])
+            n += 1
+    if n == 0 or L > H:   # no row, or no common part: one chain per row
+        return (_chain(0.0, ds, rw[0], pf, rw[4], rw[8], rw[12]),
+                _chain(0.0, ds, rw[1], pf, rw[5], rw[9], rw[13]),
+                _chain(0.0, ds, rw[2], pf, rw[6], rw[10], rw[14]),
+                _chain(0.0, ds, rw[3], pf, rw[7], rw[11], rw[15]))
+    u0 = rw[12] >= rw[8]
+    u1 = rw[13] >= rw[9]
+    u2 = rw[14] >= rw[10]
+    u3 = rw[15] >= rw[11]
+    a0 = _chain(0.0, ds, rw[0], pf, rw[4], rw[8], L - 1) if u0 else 0.0
+    a1 = _chain(0.0, ds, rw[1], pf, rw[5], rw[9], L - 1) if u1 else 0.0
+    a2 = _chain(0.0, ds, rw[2], pf, rw[6], rw[10], L - 1) if u2 else 0.0
+    a3 = _chain(0.0, ds, rw[3], pf, rw[7], rw[11], L - 1) if u3 else 0.0
+    e0, e1, e2, e3 = np.uint64(rw[0]), np.uint64(rw[1]), np.uint64(rw[2]), np.uint64(rw[3])
+    p0, p1, p2, p3 = np.uint64(rw[4]), np.uint64(rw[5]), np.uint64(rw[6]), np.uint64(rw[7])
+    for j in range(np.uint64(L), np.uint64(H + 1)):
+        a0 += ds[e0 + j] * pf[p0 + j]
+        a1 += ds[e1 + j] * pf[p1 + j]
+        a2 += ds[e2 + j] * pf[p2 + j]
+        a3 += ds[e3 + j] * pf[p3 + j]
+    return (_chain(a0, ds, rw[0], pf, rw[4], H + 1, rw[12]) if u0 else 0.0,
+            _chain(a1, ds, rw[1], pf, rw[5], H + 1, rw[13]) if u1 else 0.0,
+            _chain(a2, ds, rw[2], pf, rw[6], H + 1, rw[14]) if u2 else 0.0,
+            _chain(a3, ds, rw[3], pf, rw[7], H + 1, rw[15]) if u3 else 0.0)
 
 
 @span_kernel()
@@ -642,14 +711,12 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
             o = np.uint64(vo) + j * np.uint64(vs)
             for f in range(np.uint64(F)):
                 vt[f * ump + j] = vf[o + f]
-        qpad = _padded_rows(qf, qo, qs, N, D, dp)
-        kpad = _padded_rows(kf, ko, ks, M, D, dp)
-        gpad = _padded_rows(gf, go_, gs, N, F, fp)
-        # the span [lo, hi] of non-zero weights of each row, and of each column
+        qpad = _padded_rows(qf, qo, qs, N, D, dp, N)
+        kpad = _padded_rows(kf, ko, ks, M, D, dp, M)
+        gpad = _padded_rows(gf, go_, gs, N, F, fp, n4)
+        # the span [lo, hi] of non-zero weights of each row
         rlo = np.full(n4, mp, dtype=np.int64)
         rhi = np.full(n4, -1, dtype=np.int64)
-        clo = np.full(mp, n4, dtype=np.int64)
-        chi = np.full(mp, -1, dtype=np.int64)
         for i in range(N):
             base = po + i * M
             lo = 0
@@ -662,49 +729,32 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
                 hi -= 1
             rlo[i] = lo
             rhi[i] = hi
-            for j in range(np.uint64(lo), np.uint64(hi + 1)):
-                clo[j] = min(clo[j], i)
-            for j in range(np.uint64(lo), np.uint64(hi + 1)):
-                chi[j] = i
         # dp[i, j] = sum_f go[i, f] v[j, f] (f increasing from 0.0), four rows at a time,
         # then ds = p * (dp - sum_j dp p) * scale on each row's span, exact 0 elsewhere
         ds = np.empty(n4 * mp)
-        ap = np.empty(max(F, M, N) * 4)
+        ap = np.empty(N * 4)
+        rw = np.empty(16, dtype=np.int64)
         for i0 in range(0, N, 4):
             nr = min(4, N - i0)
             blo, bhi = _union_span(rlo, rhi, i0, nr)
             if bhi >= 0:
-                for r in range(4):
-                    o = np.uint64((i0 + min(r, nr - 1)) * fp)
-                    ur = np.uint64(r)
-                    for f in range(np.uint64(F)):
-                        ap[f * np.uint64(4) + ur] = gpad[o + f]
+                # a[f, r] = go[i0 + r, f] (gpad's rows past N are zeros)
                 j0 = (blo // _KT) * _KT
                 while j0 <= bhi:
-                    _mscore(vt, j0, mp, ap, 0, F, ds, i0 * mp + j0, mp, True, j0)
+                    _mstrided(vt, j0, mp, gpad, i0 * fp, F, ds, i0 * mp + j0, mp, True, j0,
+                              1, fp)
                     j0 += _KT
-            # the four rows' sums of dp * p as interleaved chains over the block's span
-            # (a row's own span only: outside it the term is an exact +0.0 select, which
-            # leaves a sum that starts at +0.0 unchanged)
-            a0 = 0.0
-            a1 = 0.0
-            a2 = 0.0
-            a3 = 0.0
-            l0, h0 = rlo[i0], rhi[i0]
-            l1, h1 = rlo[i0 + 1], rhi[i0 + 1]
-            l2, h2 = rlo[i0 + 2], rhi[i0 + 2]
-            l3, h3 = rlo[i0 + 3], rhi[i0 + 3]
-            d0 = i0 * mp
-            p0 = po + i0 * M
-            for j in range(max(blo, 0), bhi + 1):
-                if l0 <= j <= h0:
-                    a0 += ds[d0 + j] * pf[p0 + j]
-                if l1 <= j <= h1:
-                    a1 += ds[d0 + mp + j] * pf[p0 + M + j]
-                if l2 <= j <= h2:
-                    a2 += ds[d0 + 2 * mp + j] * pf[p0 + 2 * M + j]
-                if l3 <= j <= h3:
-                    a3 += ds[d0 + 3 * mp + j] * pf[p0 + 3 * M + j]
+            # the four rows' sums of dp * p, each over its own span (outside it the term
+            # would be an exact +0.0, which leaves a sum that starts at +0.0 unchanged);
+            # a row past N or without weights reads row i0 and sums nothing
+            for r in range(4):
+                used = r < nr and rhi[i0 + r] >= 0
+                rr = r if used else 0
+                rw[r] = (i0 + rr) * mp
+                rw[4 + r] = po + (i0 + rr) * M
+                rw[8 + r] = rlo[i0 + r] if used else 0
+                rw[12 + r] = rhi[i0 + r] if used else -1
+            a0, a1, a2, a3 = _rowsums4(ds, pf, rw)
             for r in range(nr):
                 i = i0 + r
                 base = np.uint64(i * mp)
@@ -729,22 +779,28 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
         acc4 = np.empty(4 * max(dp, fp))
         for j0 in range(0, M, 4):
             nj = min(4, M - j0)
-            ilo, ihi = _union_span(clo, chi, j0, nj)
+            ilo, ihi = _rows_spanning(rlo, rhi, N, j0, j0 + nj - 1)
             nk = ihi + 1 - ilo
-            for t in range(np.uint64(max(nk, 0))):
-                o = np.uint64(ilo * mp + j0) + t * np.uint64(mp)
-                for r in range(np.uint64(4)):
-                    ap[t * np.uint64(4) + r] = ds[o + r]
+            # a[t, r] = ds[ilo + t, j0 + r] (ds has mp >= j0 + 4 columns)
             for c0 in range(0, dp, _KT):
-                _mscore(qpad, ilo * dp + c0, dp, ap, 0, nk, acc4, c0, dp, True, c0)
+                _mstrided(qpad, ilo * dp + c0, dp, ds, ilo * mp + j0, nk, acc4, c0, dp,
+                          True, c0, mp, 1)
             _store_rows(acc4, dp, j0, nj, D, dkf, ko, ks)
-            unj = np.uint64(nj)
-            for t in range(np.uint64(max(nk, 0))):
-                o = np.uint64(po + ilo * M + j0) + t * np.uint64(M)
-                for r in range(np.uint64(4)):
-                    ap[t * np.uint64(4) + r] = pf[o + r] if r < unj else 0.0
-            for c0 in range(0, fp, _KT):
-                _mscore(gpad, ilo * fp + c0, fp, ap, 0, nk, acc4, c0, fp, True, c0)
+            # a[t, r] = p[ilo + t, j0 + r]; a last block of fewer than four keys is copied
+            # (zeros past the keys), so no read passes the end of p
+            if nj == 4:
+                for c0 in range(0, fp, _KT):
+                    _mstrided(gpad, ilo * fp + c0, fp, pf, po + ilo * M + j0, nk, acc4, c0,
+                              fp, True, c0, M, 1)
+            else:
+                unj = np.uint64(nj)
+                for t in range(np.uint64(max(nk, 0))):
+                    o = np.uint64(po + ilo * M + j0) + t * np.uint64(M)
+                    for r in range(np.uint64(4)):
+                        ap[t * np.uint64(4) + r] = pf[o + r] if r < unj else 0.0
+                for c0 in range(0, fp, _KT):
+                    _mstrided(gpad, ilo * fp + c0, fp, ap, 0, nk, acc4, c0, fp, True, c0,
+                              4, 1)
             _store_rows(acc4, fp, j0, nj, F, dvf, vo, vs)
         # dq[i, :] = sum_j ds[i, j] k[j, :], j increasing over the keys that the block's four
         # rows weight
@@ -752,12 +808,10 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
             nr = min(4, N - i0)
             jlo, jhi = _union_span(rlo, rhi, i0, nr)
             nk = jhi + 1 - jlo
-            for r in range(np.uint64(4)):
-                o = np.uint64((i0 + r) * mp + jlo)
-                for t in range(np.uint64(max(nk, 0))):
-                    ap[t * np.uint64(4) + r] = ds[o + t]
+            # a[t, r] = ds[i0 + r, jlo + t] (ds has n4 rows)
             for c0 in range(0, dp, _KT):
-                _mscore(kpad, jlo * dp + c0, dp, ap, 0, nk, acc4, c0, dp, True, c0)
+                _mstrided(kpad, jlo * dp + c0, dp, ds, i0 * mp + jlo, nk, acc4, c0, dp,
+                          True, c0, 1, mp)
             _store_rows(acc4, dp, i0, nr, D, dqf, qo, qs)
 
 
