@@ -69,12 +69,11 @@ from .views import readonly
 # Query rows handled together: their scores (and outputs) are register tiles of the float
 # GEMMs' micro-kernel (``_simd._make_micro_acc`` with separately rounded products): _QB rows
 # x _KV vectors of keys (features, for the outputs), every key column loaded once per block.
+# Every product reads its ``a`` operand (query rows, weight rows; in the backward go, ds, p)
+# where it lies, through two strides: only a block of fewer than _QB rows is copied.
 _QB = 4
 _KV = 2
 _KT = _VW * _KV
-_mscore = _make_micro_acc(_QB, _KV, fused=False)
-_mvalue = _mscore
-# the backward's products read their a operand where it lies (ds, p, go: strided rows)
 _mstrided = _make_micro_acc(_QB, _KV, fused=False, astrided=True)
 
 
@@ -156,8 +155,8 @@ def _exp_shifted(x, off, n, shift, bits, bitsf):
 
 
 @inlined
-def _scores_tiles(ktf, mp, qp, qpo, s, kbase, d, blo, bhi):
-    """s[r*mp + j] = q_r . k_j for the _QB rows packed in ``qp`` (``qp[qpo + c*_QB + r]``) and
+def _scores_tiles(ktf, mp, qp, qpo, qk, qr, s, kbase, d, blo, bhi):
+    """s[r*mp + j] = q_r . k_j for the _QB rows ``q_r[c] = qp[qpo + c*qk + r*qr]`` and
     every key j of the score tiles (``_KT`` keys each, aligned to ``_KT``) covering
     ``blo .. bhi``: each score one chain over the features in increasing order, starting
     from 0.0, every term ``fl(s + fl(q*k))`` (the micro-kernel of the float GEMMs with
@@ -166,18 +165,18 @@ def _scores_tiles(ktf, mp, qp, qpo, s, kbase, d, blo, bhi):
     ``blo .. bhi`` are computed too and ignored."""
     j0 = (blo // _KT) * _KT
     while j0 <= bhi:
-        _mscore(ktf, kbase + j0, mp, qp, qpo, d, s, j0, mp, True, j0)
+        _mstrided(ktf, kbase + j0, mp, qp, qpo, d, s, j0, mp, True, j0, qk, qr)
         j0 += _KT
 
 
 @inlined
-def _values_tiles(vf, vbase, fp, wp, wpo, n, op, opo):
-    """op[opo + r*fp + c] = sum_j wp[wpo + j*_QB + r] * v_j[c] for the _QB rows, j < n increasing,
+def _values_tiles(vf, vbase, fp, wp, wpo, wk, wr, n, op, opo):
+    """op[opo + r*fp + c] = sum_j wp[wpo + j*wk + r*wr] * v_j[c] for the _QB rows, j < n increasing,
     starting from 0.0, every term ``fl(o + fl(w*v))``; ``v_j[c] = vf[vbase + j*fp + c]``
     (``fp`` a multiple of ``_KT``)."""
     f0 = 0
     while f0 < fp:
-        _mvalue(vf, vbase + f0, fp, wp, wpo, n, op, opo + f0, fp, True, opo + f0)
+        _mstrided(vf, vbase + f0, fp, wp, wpo, n, op, opo + f0, fp, True, opo + f0, wk, wr)
         f0 += _KT
 
 
@@ -363,12 +362,17 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
         _zero(wf, wo, nr * m_keys)
         return
     n = bhi + 1 - blo
-    # the block's query rows, feature-major (rows past nr repeat the last real row)
-    for r in range(_QB):
-        qo = qb + (i0 + min(r, nr - 1)) * qs
-        for c in range(d):
-            s[qpo + c * _QB + r] = qf[qo + c]
-    _scores_tiles(ktf, mp, s, qpo, s, bk * d * mp, d, blo, bhi)
+    # the block's query rows, read where they lie; a last block of fewer than _QB rows
+    # is copied, feature-major (rows past nr repeat the last real row), so no read
+    # passes the end of q
+    if nr == _QB:
+        _scores_tiles(ktf, mp, qf, qb + i0 * qs, 1, qs, s, bk * d * mp, d, blo, bhi)
+    else:
+        for r in range(_QB):
+            qo = qb + (i0 + min(r, nr - 1)) * qs
+            for c in range(d):
+                s[qpo + c * _QB + r] = qf[qo + c]
+        _scores_tiles(ktf, mp, s, qpo, _QB, 1, s, bk * d * mp, d, blo, bhi)
     for r in range(nr):
         if not flags[_QB + r]:
             _zero(wf, wo + r * m_keys, m_keys)
@@ -376,20 +380,24 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
                    sqrt_d, wf, wo, m_keys, bits, bitsf, status,
                    b * n_q + i0)
     # out = weights @ v over the keys blo..bhi, increasing j (weights of masked keys are
-    # exact zeros, so they add nothing); rows that are not live get zero weights and their
-    # sums are dropped
-    un = np.uint64(n)
-    uwp = np.uint64(wpo)
-    for r in range(_QB):
-        ur = np.uint64(r)
-        if r < nr and flags[_QB + r]:
-            uw = np.uint64(wo + r * m_keys + blo)
-            for j in range(un):
-                s[uwp + j * np.uint64(_QB) + ur] = wf[uw + j]
-        else:
-            for j in range(un):
-                s[uwp + j * np.uint64(_QB) + ur] = 0.0
-    _values_tiles(vf, (bk * m_keys + blo) * fp, fp, s, wpo, n, s, opo)
+    # exact zeros, so they add nothing); the weight rows are read where they lie (a row
+    # that is not live holds zeros by now); a last block of fewer than _QB rows is copied
+    # with zero rows past nr, and rows that are not live have their sums dropped
+    if nr == _QB:
+        _values_tiles(vf, (bk * m_keys + blo) * fp, fp, wf, wo + blo, 1, m_keys, n, s, opo)
+    else:
+        un = np.uint64(n)
+        uwp = np.uint64(wpo)
+        for r in range(_QB):
+            ur = np.uint64(r)
+            if r < nr:
+                uw = np.uint64(wo + r * m_keys + blo)
+                for j in range(un):
+                    s[uwp + j * np.uint64(_QB) + ur] = wf[uw + j]
+            else:
+                for j in range(un):
+                    s[uwp + j * np.uint64(_QB) + ur] = 0.0
+        _values_tiles(vf, (bk * m_keys + blo) * fp, fp, s, wpo, _QB, 1, n, s, opo)
     uf = np.uint64(f)
     for r in range(nr):
         if flags[_QB + r]:
