@@ -57,6 +57,11 @@ name                           value  module                  decides
                                                               serial path
                                                               (``HMATH_DL_SERIAL_WORK``; the
                                                               default is listed)
+``_EXP_PER_ELEMENT``           8      _kernels.libm           libm's array kernels and the
+                                                              softmax rows count each
+                                                              element as this much work
+                                                              (parallel from
+                                                              ``SERIAL_WORK / 8`` elements)
 ``_FMA_PER_ELEMENT``           16     _kernels.conv           the convolution kernels'
                                                               ``scale``: serial below
                                                               ``SERIAL_WORK * 16``
@@ -194,6 +199,7 @@ def describe() -> str:
 #: those modules; importing this one imports no kernel.
 THRESHOLDS = {f"{module}.{name}": module for module, names in (
     ("config", ("SERIAL_WORK",)),
+    ("_kernels.libm", ("_EXP_PER_ELEMENT",)),
     ("_kernels.conv", ("_FMA_PER_ELEMENT",)),
     ("_kernels.conv_plan", ("_FUSE_WINDOW", "_ROW_POSITIONS")),
     ("_kernels.gemm_f64", ("_SERIAL_FMAS", "_TASKS_PER_THREAD", "_WS_MAX")),

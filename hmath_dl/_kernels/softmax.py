@@ -16,7 +16,7 @@ library's own exp, :mod:`hmath_dl._kernels.libm`, within 1 ulp), ``s`` = the sum
 import numpy as np
 
 from ._jit import inlined, span_kernel
-from .libm import _wide, exp_inline, log_inline
+from .libm import _EXP_PER_ELEMENT, _wide, exp_inline, log_inline
 from .reduce import _run_sum   # the eight-partial fixed order
 
 
@@ -64,7 +64,8 @@ def _run_max(a, start, n):
     return m
 
 
-@span_kernel(iterations=lambda x, out, log: x.shape[0], work=lambda x, out, log: x.size)
+@span_kernel(iterations=lambda x, out, log: x.shape[0],
+             work=lambda x, out, log: x.size * _EXP_PER_ELEMENT)
 def softmax_rows(x, out, log, r0, r1):
     """Rows ``r0 .. r1-1`` of the softmax (or log-softmax) of ``x`` into ``out`` (module
     docstring; both C-contiguous); a span kernel, called as ``softmax_rows(x, out, log)``.
@@ -90,7 +91,8 @@ def softmax_rows(x, out, log, r0, r1):
                 of[b + j] = of[b + j] / s
 
 
-@span_kernel(iterations=lambda y, g, out, log: y.shape[0], work=lambda y, g, out, log: y.size)
+@span_kernel(iterations=lambda y, g, out, log: y.shape[0],
+             work=lambda y, g, out, log: y.size * (_EXP_PER_ELEMENT if log else 1))
 def softmax_backward_rows(y, g, out, log, r0, r1):
     """Rows ``r0 .. r1-1`` of the softmax backward (module docstring; C-contiguous
     arrays, rows by offsets as in :func:`softmax_rows`); a span kernel, called as
