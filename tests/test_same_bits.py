@@ -95,7 +95,9 @@ from .reference.reduce import sum_to_oracle  # noqa: E402
                                         ((4, 9), (False, False)),
                                         # several column chunks; the second one is
                                         # large enough to run in parallel
-                                        ((70, 130), (False, True)), ((1024, 200), (False, True))])
+                                        ((70, 130), (False, True)), ((1024, 200), (False, True)),
+                                        # whole register blocks only (a bias gradient)
+                                        ((1024, 64), (False, True))])
 def test_fixed_order_sums_follow_the_documented_order(shape, keep):
     from hmath_dl._kernels.reduce import sum_to
     x = np.random.default_rng(3).standard_normal(shape) * 10.0 ** np.arange(shape[-1])

@@ -19,8 +19,13 @@ count (no numpy reduction: numpy's pairwise/SIMD summation order depends on its 
 import math
 
 import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from llvmlite import ir as llvm_ir
 
 from ._jit import helper, inlined, span_kernel
+from ._simd import _VTY, _VW, _accepts, _data, _vptr
 from .libm import _wide
 from .views import readonly
 
@@ -62,27 +67,68 @@ def _run_sum(a, start, n):
 _CHUNK = 64
 
 
+_BLOCK = 32     # columns summed in registers at a time (4 vectors of 8, or 8 of 4)
+
+
+@intrinsic
+def _block_sums(typingctx, xf, r1, kk, lo, out):
+    """``out[lo + j] = ((0.0 + x[0, lo + j]) + x[1, lo + j]) + ...`` over the ``r1`` rows of
+    ``x [r1, kk]`` (flat ``xf``), for the ``_BLOCK`` columns ``j < _BLOCK``: one vector
+    accumulator per ``VW`` columns, rows in increasing order (in a Numba loop the sums ran
+    through ``out`` in memory, which might alias ``x`` for all the compiler knew).  1-D
+    C-contiguous float64 arrays; the caller guarantees the addresses."""
+    if not _accepts(f64=(xf, out), ints=(r1, kk, lo)):
+        return None
+    sig = types.void(xf, types.int64, types.int64, types.int64, out)
+    nvec = _BLOCK // _VW
+
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        xd = _data(context, builder, t[0], args[0])
+        od = _data(context, builder, t[4], args[4])
+        rows, step, lov = args[1], args[2], args[3]
+        zero = llvm_ir.Constant(_VTY, [0.0] * _VW)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(nvec)]
+        base = builder.gep(xd, [lov])
+        with cgutils.for_range(builder, rows) as loop:
+            p = builder.gep(base, [builder.mul(loop.index, step)])
+            for v in range(nvec):
+                x = builder.load(_vptr(builder, p, v * _VW), align=8)
+                builder.store(builder.fadd(builder.load(accs[v]), x), accs[v])
+        po = builder.gep(od, [lov])
+        for v in range(nvec):
+            builder.store(builder.load(accs[v]), _vptr(builder, po, v * _VW), align=8)
+    return sig, codegen
+
+
 @span_kernel(iterations=lambda x, out: (x.shape[1] + _CHUNK - 1) // _CHUNK,
              work=lambda x, out: x.size)
 def _sum_columns(x, out, c0, c1):
     """``out[k] = sum_{r1} x[r1, k, 0]`` for ``x [R1, K, 1]`` (module docstring order),
     for the chunks ``c0 .. c1-1`` of ``_CHUNK`` consecutive ``k`` (a span kernel; a bias
-    gradient of 64 columns is one chunk, 256 columns four).  Flat unsigned offsets: no
-    view per row (each a reference-count update), no negative-index test, 512-bit loops
-    where the target has them."""
+    gradient of 64 columns is one chunk, 256 columns four): ``_BLOCK`` columns at a time
+    in registers (:func:`_block_sums`), the last ``K % _BLOCK`` through ``out``.  Flat unsigned
+    offsets: no view per row (each a reference-count update), no negative-index test,
+    512-bit loops where the target has them."""
     _wide()
     r1, kk = x.shape[0], x.shape[1]
     xf = x.reshape(-1)
     ukk = np.uint64(kk)
     for c in range(c0, c1):
-        lo = np.uint64(c * _CHUNK)
-        n = np.uint64(min(kk, c * _CHUNK + _CHUNK) - c * _CHUNK)
+        c_lo = c * _CHUNK
+        c_hi = min(kk, c_lo + _CHUNK)
+        lo = c_lo
+        while lo + _BLOCK <= c_hi:
+            _block_sums(xf, r1, kk, lo, out)
+            lo += _BLOCK
+        ulo = np.uint64(lo)
+        n = np.uint64(c_hi - lo)
         for j in range(n):
-            out[lo + j] = 0.0
+            out[ulo + j] = 0.0
         for a in range(np.uint64(r1)):
-            base = a * ukk + lo
+            base = a * ukk + ulo
             for j in range(n):
-                out[lo + j] += xf[base + j]
+                out[ulo + j] += xf[base + j]
 
 
 @span_kernel(iterations=lambda x, out: x.shape[1], work=lambda x, out: x.size)
