@@ -19,10 +19,10 @@ count (no numpy reduction: numpy's pairwise/SIMD summation order depends on its 
 import math
 
 import numpy as np
+from llvmlite import ir as llvm_ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
-from llvmlite import ir as llvm_ir
 
 from ._jit import helper, inlined, span_kernel
 from ._simd import _VTY, _VW, _accepts, _data, _vptr
