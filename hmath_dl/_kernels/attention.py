@@ -740,7 +740,7 @@ def _backward_problems(q, k, v, p, go, scale, dq, dk, dv, heads, t0, t1):
         # dp[i, j] = sum_f go[i, f] v[j, f] (f increasing from 0.0), four rows at a time,
         # then ds = p * (dp - sum_j dp p) * scale on each row's span, exact 0 elsewhere
         ds = np.empty(n4 * mp)
-        ap = np.empty(N * 4)
+        ap = np.empty(N * 4 if M % 4 else 0)   # the dv products' last key block, copied
         rw = np.empty(16, dtype=np.int64)
         for i0 in range(0, N, 4):
             nr = min(4, N - i0)

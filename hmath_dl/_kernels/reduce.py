@@ -19,13 +19,12 @@ count (no numpy reduction: numpy's pairwise/SIMD summation order depends on its 
 import math
 
 import numpy as np
-from llvmlite import ir as llvm_ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._jit import helper, inlined, span_kernel
-from ._simd import _VTY, _VW, _accepts, _data, _vptr
+from ._simd import _VW, _accepts, _data, _vptr, _zero_slots
 from .libm import _wide
 from .views import readonly
 
@@ -87,8 +86,7 @@ def _block_sums(typingctx, xf, r1, kk, lo, out):
         xd = _data(context, builder, t[0], args[0])
         od = _data(context, builder, t[4], args[4])
         rows, step, lov = args[1], args[2], args[3]
-        zero = llvm_ir.Constant(_VTY, [0.0] * _VW)
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(nvec)]
+        accs = _zero_slots(builder, nvec)
         base = builder.gep(xd, [lov])
         with cgutils.for_range(builder, rows) as loop:
             p = builder.gep(base, [builder.mul(loop.index, step)])
