@@ -245,7 +245,7 @@ def main(argv=None):
         new, state = optim.adamw_step(state, [params[n] for n in names], grads, lr=lr,
                                       weight_decay=0.01)
         params = dict(zip(names, new))
-        bar.set_postfix(loss=f"{float(loss.value):.3f}")
+        bar.set_postfix(loss=f"{float(loss.value):.3f}", refresh=False)
 
     consts = {n: ad.constant(v) for n, v in params.items()}
     val_losses = []

@@ -205,7 +205,7 @@ def train(args, workers, label):
                                                weight_decay=args.weight_decay)
                 step_times.append(time.perf_counter() - t0)
                 losses.append(loss)
-                bar.set_postfix(loss=f"{loss:.4f}")
+                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
             bar.close()
             train_acc, test_acc = accuracy(params, xtr, ytr), accuracy(params, xte, yte)
             history.append({"loss": float(np.mean(losses)), "train_acc": train_acc,

@@ -188,7 +188,7 @@ def main(argv=None):
             history["skipped"].append(skipped)
             skipped_epoch += skipped
             losses.append(loss)
-            bar.set_postfix(loss=f"{loss:.3f}", scale=f"{scaler.loss_scale:g}")
+            bar.set_postfix(loss=f"{loss:.3f}", scale=f"{scaler.loss_scale:g}", refresh=False)
         total_skipped += skipped_epoch
         train_acc = accuracy(params, bn_state, precision, xtr, ytr)
         test_acc = accuracy(params, bn_state, precision, xte, yte)
