@@ -36,6 +36,14 @@ from .views import readonly
 
 _CB = 6                     # rows of a per register block
 _KC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b (KC x T) fits L1
+# K chunk of a b read in place with rows further apart than a tile (b_in_place): a tile's
+# chunk of such rows (4 lines each on 8-lane targets) falls in the L1 sets its row stride
+# reaches -- half of them for 64 columns (512-byte rows) -- so 128 rows no longer fit and
+# every 6-row block re-read the chunk from L2.  64 rows fit.  Intel Xeon (Sapphire Rapids
+# class, 48 KiB L1D), one thread, 128 -> 64: 64x64x1024 (a = g.T, the weight gradient)
+# 54-56 -> 62-66 GFLOP/s, 256x64x1024 57 -> 62-63; 64x256x1024 and 1024x64x256 within the
+# noise.  On AVX2 (one line per tile row) no change at 64, 128 or 256: kept at _KC.
+_KC_STRIDED = 64 if _VW == 8 else _KC
 _NC = 64 * _VW              # columns per parallel panel (512 on AVX-512, 256 on AVX2)
 _MC = 16 * _CB              # rows per parallel panel (96)
 
@@ -94,9 +102,9 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
     row-edge block packed (``[K, 6]``, zero rows past ``M``), which a direct ``a`` does
     not have.
 
-    BLIS's order: K in chunks of ``_KC`` terms; per chunk one tile's chunk of b (KC x T,
-    in L1) meets every 6-row block of the task's chunk of a (from L2), then the next
-    tile; each call prefetches the c tile of the next call.  Blocks with padding rows
+    BLIS's order: K in chunks of ``_KC`` terms (``_KC_STRIDED`` for a ``b`` read in place
+    with rows further apart than a tile); per chunk one tile's chunk of b (KC x T, in L1)
+    meets every 6-row block of the task's chunk of a (from L2), then the next tile; each call prefetches the c tile of the next call.  Blocks with padding rows
     (past ``M``) and the tile with padding columns (past ``N``) keep their chains in
     ``scr`` (rows of T, the row-edge block's tiles first, then the column-edge tile's
     blocks) instead of ``c``, so that only real outputs are ever written to ``c``:
@@ -110,8 +118,9 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
     ce0 = (t1 - t0) * _CB * T
     V = T // _VW
     VE = (N - cedge * T + _VW - 1) // _VW   # vectors of the column-edge tile with real columns
-    for k0 in range(0, K, _KC):
-        nk = min(_KC, K - k0)
+    kc = _KC if bk == T else _KC_STRIDED      # b packed (or rows a tile apart) / in place
+    for k0 in range(0, K, kc):
+        nk = min(kc, K - k0)
         first = k0 == 0
         for tile in range(t0, t1):
             bbase = bb + tile * btile + k0 * bk
