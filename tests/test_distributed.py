@@ -448,7 +448,17 @@ def test_dask_loss_fn_errors_keep_their_type(clients, workers):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_dask_worker_killed_mid_step(clients, workers, tmp_path):
     """A worker dies while computing a shard: the call either returns the exact result
-    (Dask rescheduled the task) or raises -- never a partial sum."""
+    (Dask rescheduled the task) or raises one of the documented errors (the task or its
+    data lost: ``CancelledError``; the task killed too many workers: ``KilledWorker``)
+    -- never a partial sum.
+
+    Rescheduling cannot be demanded even with two workers: the parameters are broadcast,
+    but Dask's active memory manager (``ReduceReplicas``, every 2 s by default) may have
+    dropped the second replica by the time the worker dies, and the lost parameters then
+    cancel the call (seen once in CI under load: ``FutureCancelledError``)."""
+    import concurrent.futures
+    from distributed import KilledWorker
+
     client = clients(workers)
     params, batch = mlp_case(batch=40)
     want = data_parallel_gradients(mlp_loss, params, batch, 5)
@@ -458,15 +468,10 @@ def test_dask_worker_killed_mid_step(clients, workers, tmp_path):
     except (MathError, TypeError, ValueError):
         raise  # a library or argument error would be a bug here
     except BaseException as exc:  # noqa: BLE001 - CancelledError, KilledWorker ...
-        outcome = f"raised {type(exc).__name__}"
+        assert isinstance(exc, (concurrent.futures.CancelledError, KilledWorker)), repr(exc)
     else:
         assert_bitwise(got, want)
-        outcome = "rescheduled"
     assert marker.exists(), "no worker was killed"
-    if workers == 2:
-        # the parameters were broadcast: the other worker still holds them and Dask
-        # reruns the lost task there
-        assert outcome == "rescheduled", outcome
     # the restarted cluster computes the right bits again
     client.wait_for_workers(workers, timeout=60)
     assert_bitwise(data_parallel_gradients(mlp_loss, params, batch, 5, client=client), want)
