@@ -278,3 +278,27 @@ def test_b_read_in_place_or_packed_gives_the_oracle_bits(M, K, N, monkeypatch):
     over = sq.copy()
     G.matmul(a_sq, over, out=over, tiled=True)
     assert over.tobytes() == want_sq
+
+
+def test_workspaces_above_the_cap_come_from_the_pool(monkeypatch):
+    """A packing workspace above ``_WS_MAX`` is not kept per thread but leased from the
+    output pool of ``hmath_dl._alloc``: 64-byte aligned, and once the last view of it is
+    gone the next request of that size gets the same (already faulted-in) memory back."""
+    from hmath_dl import _alloc
+
+    if not _alloc._enabled:
+        pytest.skip("the pool is off (HMATH_DL_MALLOC=system): plain memory instead")
+    monkeypatch.setattr(G, "_WS_MAX", 1 << 10)
+    monkeypatch.setattr(_alloc, "POOL_FROM", 1 << 12)
+    n = 5003
+    w = G._workspace("test-pooled", n)
+    assert w.shape == (n,) and w.dtype == np.float64 and w.ctypes.data % 64 == 0
+    base = w
+    while base is not None and not isinstance(base, _alloc.Lease):
+        base = base.base
+    assert isinstance(base, _alloc.Lease)
+    w[:] = 1.0
+    addr = w.ctypes.data
+    del w, base
+    again = G._workspace("test-pooled", n)
+    assert again.ctypes.data == addr
