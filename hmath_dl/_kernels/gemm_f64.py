@@ -65,11 +65,11 @@ def _tasks(M, N, T, nb=1, threads=1):
     """``(pm, pn, tasks)``: the row panels (of 6-row blocks) and column panels (of tiles
     of ``T`` columns) of each of ``nb`` products of ``M`` rows and ``N`` columns, and the
     number of tasks ``nb*pm*pn``.  Panels of about ``_MC`` rows and ``_NC`` columns, cut
-    smaller (the side whose cut adds less operand traffic, see below) until there are ``_TASKS_PER_THREAD`` tasks per
-    thread or a task is one register tile (a small product on several threads otherwise
-    ran as one or two tasks), and, with fewer than 8 tasks per thread, until the count is
-    a multiple of the threads (11 equal tasks on 2 threads left one idle for a twelfth
-    of the time).  :func:`gemm_tiled` cuts the blocks and tiles into ``pm`` and ``pn``
+    smaller (the side whose cut adds less operand traffic, see below) until there are
+    ``_TASKS_PER_THREAD`` tasks per thread or a task is one register tile (a small
+    product on several threads otherwise ran as one or two tasks), and, with fewer than
+    8 tasks per thread, until the count is a multiple of the threads (11 equal tasks on 2
+    threads left one idle for a twelfth of the time).  :func:`gemm_tiled` cuts the blocks and tiles into ``pm`` and ``pn``
     near-equal runs.  The panels only decide which task computes an output, never its
     chain: the same bits for any cut."""
     nmb = -(-M // _CB)
@@ -112,7 +112,8 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
 
     BLIS's order: K in chunks of ``_KC`` terms (``_KC_STRIDED`` for a ``b`` read in place
     with rows further apart than a tile); per chunk one tile's chunk of b (KC x T, in L1)
-    meets every 6-row block of the task's chunk of a (from L2), then the next tile; each call prefetches the c tile of the next call.  Blocks with padding rows
+    meets every 6-row block of the task's chunk of a (from L2), then the next tile; each
+    call prefetches the c tile of the next call.  Blocks with padding rows
     (past ``M``) and the tile with padding columns (past ``N``) keep their chains in
     ``scr`` (rows of T, the row-edge block's tiles first, then the column-edge tile's
     blocks) instead of ``c``, so that only real outputs are ever written to ``c``:
@@ -429,20 +430,18 @@ def _pooled(n, dtype=np.float64):
     weight gradient of a 3x3 64->64 convolution on 8 x 56 x 56 planes unfolds 115 MB:
     afresh, its page faults and zero-fill took ~17 of the call's 44 ms (Intel Xeon, two
     threads)."""
-    size = np.dtype(dtype).itemsize
-    raw = _alloc.lease((n * size + 64,), np.uint8)
-    if raw is None:
-        return _aligned(n, dtype)
-    off = -raw.ctypes.data % 64
-    return raw[off:off + n * size].view(dtype)
+    return _aligned(n, dtype, pooled=True)
 
 
-def _aligned(n, dtype=np.float64):
+def _aligned(n, dtype=np.float64, pooled=False):
     """``numpy.empty(n, dtype)`` starting on a 64-byte boundary (a cache line): numpy's
     allocator gives 16 bytes, and then most 64-byte vector loads of a packed panel
-    straddle two cache lines."""
+    straddle two cache lines.  ``pooled``: the bytes come from :func:`.._alloc.lease`
+    when the pool takes a request of that size."""
     size = np.dtype(dtype).itemsize
-    raw = np.empty(n * size + 64, dtype=np.uint8)
+    raw = _alloc.lease((n * size + 64,), np.uint8) if pooled else None
+    if raw is None:
+        raw = np.empty(n * size + 64, dtype=np.uint8)
     off = -raw.ctypes.data % 64
     return raw[off:off + n * size].view(dtype)
 
