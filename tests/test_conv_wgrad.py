@@ -1,5 +1,5 @@
-"""The convolution's weight gradient on the fused unfold-into-GEMM path
-(``_kernels/conv_wgrad.py``): bit for bit the im2col + GEMM path it replaces and a
+"""The convolution's weight gradient on the swapped-operand path
+(``_kernels/conv_wgrad.py``: ``(cols G^T)^T``): bit for bit the ``G cols^T`` path and a
 plain-loop oracle of its specification (``dw[co, c', k]`` one fma chain over ``(n, o)``
 in order from +0.0, zero padding), for strides, dilations, padding, groups, 1-D/2-D/3-D
 and sizes that leave every tile and row-block remainder; and through

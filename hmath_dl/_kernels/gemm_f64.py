@@ -189,9 +189,12 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
         j = m - blk * _CB
         row = c[cc + m * ldc + n0:cc + m * ldc + n1]       # this task's part of row m
         if blk == redge:
-            for n in range(n0, ncut):
-                tile = n // T
-                row[n - n0] = scr[((tile - t0) * _CB + j) * T + n - tile * T]
+            # whole tiles (ncut is a tile boundary), without a division per element
+            for tile in range(t0, ncut // T):
+                s0 = ((tile - t0) * _CB + j) * T
+                d0 = tile * T - n0
+                for q in range(T):
+                    row[d0 + q] = scr[s0 + q]
         e0 = ce0 + ((blk - b0) * _CB + j) * T - (ncut - n0)
         for q in range(ncut - n0, n1 - n0):
             row[q] = scr[e0 + q]

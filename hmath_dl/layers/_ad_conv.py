@@ -2,7 +2,7 @@
 :func:`convolution_ad`, :func:`depthwise_convolution_ad`, :func:`transposed_convolution_ad`.
 
 The gradients come from :func:`_conv_grads` (unfolding, the library's GEMM and
-``col2im``; the tiled weight-gradient kernel of :mod:`hmath_dl._kernels.conv_wgrad` where
+``col2im``; the weight gradient of :mod:`hmath_dl._kernels.conv_wgrad` where
 it applies) and, for the input of a transposed convolution, the forward convolution
 kernel: fixed summation orders, the same bits for any thread count.
 """
