@@ -247,8 +247,18 @@ def test_a_read_in_place_and_an_output_over_it():
         assert inplace.tobytes() == want
 
 
+def test_row_strides_of_b_in_l1_set_groups():
+    """``_set_groups``: rows a multiple of 64 bytes apart fall into ``64 / gcd(rows/8,
+    64)`` groups of L1 sets; any other stride spreads over all 64."""
+    for n, groups in [(8, 64), (24, 64), (64, 8), (128, 4), (192, 8), (256, 2), (512, 1),
+                      (1024, 1), (520, 64), (100, 64)]:
+        assert G._set_groups(n) == groups, n
+
+
 @pytest.mark.parametrize("M,K,N", [(6, 7, 16), (13, 300, 40), (40, 257, 24), (100, 64, 96),
-                                   (257, 40, 24), (300, 20, 64), (7, 1100, 8)])
+                                   (257, 40, 24), (300, 20, 64), (7, 1100, 8),
+                                   # rows of b 1-4 KiB apart: each tile's chunk copied
+                                   (7, 130, 128), (13, 66, 256), (6, 20, 512)])
 def test_b_read_in_place_or_packed_gives_the_oracle_bits(M, K, N, monkeypatch):
     """A row-major ``b`` whose rows are whole vectors is read where it lies when few
     blocks of ``a`` reuse it (:func:`gemm_f64.b_in_place`) and packed otherwise: the same
@@ -263,6 +273,8 @@ def test_b_read_in_place_or_packed_gives_the_oracle_bits(M, K, N, monkeypatch):
     expect_in_place = N % vw == 0 and (M <= (256 if vw >= 8 else 64)
                                        or (vw >= 8 and K * N <= 1 << 16))
     assert G.b_in_place(b, M, N, K) == expect_in_place
+    if N >= 128:        # the chunk copy (rows crowd into a few L1 sets) runs these
+        assert G._KC_IN_PLACE > G._LINES_PER_SET * G._set_groups(N)
     for flag in (True, False):
         monkeypatch.setattr(G, "B_IN_PLACE", flag)
         assert G.b_in_place(b, M, N, K) == (flag and expect_in_place)

@@ -37,14 +37,6 @@ from .views import readonly
 
 _CB = 6                     # rows of a per register block
 _KC = 128 if _VW == 8 else 256   # terms per K chunk: a tile's chunk of b (KC x T) fits L1
-# K chunk of a b read in place with rows further apart than a tile (b_in_place): a tile's
-# chunk of such rows (4 lines each on 8-lane targets) falls in the L1 sets its row stride
-# reaches -- half of them for 64 columns (512-byte rows) -- so 128 rows no longer fit and
-# every 6-row block re-read the chunk from L2.  64 rows fit.  Intel Xeon (Sapphire Rapids
-# class, 48 KiB L1D), one thread, 128 -> 64: 64x64x1024 (a = g.T, the weight gradient)
-# 54-56 -> 62-66 GFLOP/s, 256x64x1024 57 -> 62-63; 64x256x1024 and 1024x64x256 within the
-# noise.  On AVX2 (one line per tile row) no change at 64, 128 or 256: kept at _KC.
-_KC_STRIDED = 64 if _VW == 8 else _KC
 _NC = 64 * _VW              # columns per parallel panel (512 on AVX-512, 256 on AVX2)
 _MC = 16 * _CB              # rows per parallel panel (96)
 
@@ -98,9 +90,42 @@ def _tasks(M, N, T, nb=1, threads=1):
     return pm, pn, nb * pm * pn
 
 
+_LINES_PER_SET = 8     # L1 lines per set a chunk of b read in place may take (of 12 ways)
+_KC_IN_PLACE = 64      # the K chunk of a b read in place (when its rows allow it)
+
+
+@inlined
+def _set_groups(bk):
+    """The L1 set groups that the rows of a ``b`` read in place (rows ``bk`` float64
+    apart) fall into: rows a multiple of 64 bytes apart fall into ``64 / gcd(bk/8, 64)``
+    groups of sets (64 sets of 64-byte lines), each group holding one line of every row
+    of its group; 64 (no conflict) for any other row stride."""
+    if bk % 8 != 0:
+        return 64
+    g = bk // 8
+    d = 1
+    while d < 64 and g % (2 * d) == 0:
+        d *= 2
+    return 64 // d
+
+
+@inlined
+def _tile(vt, b, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj):
+    """One micro-kernel call on a tile of ``vt`` vectors (the column-edge tile runs only
+    the vectors that hold real columns)."""
+    if vt == 4:
+        _mv4(b, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
+    elif vt == 3:
+        _mv3(b, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
+    elif vt == 2:
+        _mv2(b, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
+    else:
+        _mv1(b, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
+
+
 @helper
 def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T, b0, b1, t0,
-           t1, scr):
+           t1, scr, bl):
     """The register-tiled chains of one task: output rows of the 6-row blocks
     ``b0 .. b1-1`` times the columns of the tiles ``t0 .. t1-1`` of the product whose
     ``b`` panels start at ``bpk[bb]`` and whose output row ``m`` starts at ``c[cc + m*ldc]``.
@@ -110,16 +135,24 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
     row-edge block packed (``[K, 6]``, zero rows past ``M``), which a direct ``a`` does
     not have.
 
-    BLIS's order: K in chunks of ``_KC`` terms (``_KC_STRIDED`` for a ``b`` read in place
-    with rows further apart than a tile); per chunk one tile's chunk of b (KC x T, in L1)
-    meets every 6-row block of the task's chunk of a (from L2), then the next tile; each
-    call prefetches the c tile of the next call.  Blocks with padding rows
-    (past ``M``) and the tile with padding columns (past ``N``) keep their chains in
-    ``scr`` (rows of T, the row-edge block's tiles first, then the column-edge tile's
-    blocks) instead of ``c``, so that only real outputs are ever written to ``c``:
-    :func:`_finish` copies them out; the column-edge tile runs only the vectors that hold
-    real columns (a 392-column product has 12 tiles of 32 and one of 8).  The first chunk
-    starts every chain at +0.0."""
+    BLIS's order: K in chunks of ``_KC`` terms; per chunk one tile's chunk of b (KC x T,
+    in L1) meets every 6-row block of the task's chunk of a (from L2), then the next tile;
+    each call prefetches the c tile of the next call.  A ``b`` read where it lies (rows
+    ``bk`` apart, ``bk != T``): a chunk's rows are a row of ``b`` apart, so they fall
+    into :func:`_set_groups` groups of L1 sets.  Where ``_KC_IN_PLACE`` (64) rows take
+    at most ``_LINES_PER_SET`` lines of a set (rows of 512 bytes: 8 groups, 8 lines), the
+    chunks are that long and read in place; rows of 1 KiB and more crowd into 4 groups
+    or fewer (4 KiB rows: a tile's 64 lines all in the same 4 sets), and every 6-row
+    block re-read them from L2 -- then each tile's chunk (``_KC`` rows, only the vectors
+    the tile uses) is first copied into ``bl`` (the task's own buffer, 64-byte aligned),
+    a sequential read by the thread that uses it.  AVX-512, two threads, A/B in
+    alternating processes: 1024x64x256 (the transformer's feed-forward) 91-94 -> 108-114
+    GFLOP/s, 96x64x512 63-66 -> 72-98, 32x144x1024 56-67 -> 65-68; rows of 512 bytes as
+    before; AVX2 unchanged within the noise.  Blocks with padding rows (past ``M``) and the
+    tile with padding columns (past ``N``) keep their chains in ``scr`` (rows of T, the
+    row-edge block's tiles first, then the column-edge tile's blocks) instead of ``c``, so
+    that only real outputs are ever written to ``c``: :func:`_finish` copies them out.
+    The first chunk starts every chain at +0.0."""
     nmb = (M + _CB - 1) // _CB
     ntile = (N + T - 1) // T
     redge = nmb - 1 if M % _CB else -1
@@ -127,12 +160,28 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
     ce0 = (t1 - t0) * _CB * T
     V = T // _VW
     VE = (N - cedge * T + _VW - 1) // _VW   # vectors of the column-edge tile with real columns
-    kc = _KC if bk == T else _KC_STRIDED      # b packed (or rows a tile apart) / in place
+    # b packed, or read in place in chunks of _KC_IN_PLACE rows when they fit their L1
+    # sets, or (rows that crowd into a few sets: the caller gave a non-empty bl) each
+    # tile's chunk copied to bl first
+    local = bl.size > 0
+    kc = _KC_IN_PLACE if bk != T and not local else _KC
+    lo = 0
+    if local:
+        lo = (-bl.ctypes.data % 64) // 8    # 64-byte aligned start in bl
     for k0 in range(0, K, kc):
         nk = min(kc, K - k0)
         first = k0 == 0
         for tile in range(t0, t1):
+            vt = VE if tile == cedge else V
             bbase = bb + tile * btile + k0 * bk
+            if local:
+                # unsigned indices: no negative-index test, so the copy vectorises
+                w = np.uint64(vt * _VW)
+                for kk in range(nk):
+                    s0 = np.uint64(bbase + kk * bk)
+                    d0 = np.uint64(lo + kk * T)
+                    for i in range(w):
+                        bl[d0 + i] = bpk[s0 + i]
             for blk in range(b0, b1):
                 if blk == redge and aedge.size:
                     asrc = aedge
@@ -157,15 +206,10 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
                     cs = ldc
                     pf = (cb + _CB * ldc if blk + 1 < b1
                           else cc + b0 * _CB * ldc + (tile + 1) * T)
-                vt = VE if tile == cedge else V
-                if vt == 4:
-                    _mv4(bpk, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
-                elif vt == 3:
-                    _mv3(bpk, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
-                elif vt == 2:
-                    _mv2(bpk, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
+                if local:
+                    _tile(vt, bl, lo, T, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
                 else:
-                    _mv1(bpk, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
+                    _tile(vt, bpk, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj)
 
 
 @helper
@@ -249,8 +293,11 @@ def gemm_tiled(apk, astep, ak, aj, aedge, bpk, bstep, bk, btile, c, cstep, ldc, 
         tb1 = (rn + 1) * ntile // pn
         edges = b0 <= redge < b1 or tb0 <= cedge < tb1
         scr = np.empty(((tb1 - tb0) + (b1 - b0)) * _CB * T if edges else 0)
+        # the chunk buffer of a b read in place whose rows crowd into few L1 sets
+        copies = bk != T and _KC_IN_PLACE > _LINES_PER_SET * _set_groups(bk)
+        bl = np.empty(_KC * T + 8 if copies else 0)
         _panel(apk, astep, ak, aj, aedge, bpk, i * bstep, bk, btile, c, i * cstep, ldc, M, N,
-               K, T, b0, b1, tb0, tb1, scr)
+               K, T, b0, b1, tb0, tb1, scr, bl)
         if edges or mode != 3:
             bad[t] = _finish(c, i * cstep, ldc, M, N, T, b0, b1, tb0, tb1, scr, bias, mode)
 
