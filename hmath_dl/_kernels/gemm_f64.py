@@ -48,7 +48,13 @@ _mv3 = _make_micro_acc(_CB, 3, astrided=True) if _ROW_MAXV >= 3 else _mv2
 _mv4 = _make_micro_acc(_CB, 4, astrided=True) if _ROW_MAXV >= 4 else _mv3
 
 
-_TASKS_PER_THREAD = 4        # a parallel product is cut into at least this many tasks per thread
+# A parallel product is cut into at least this many tasks per thread.  Each cut shortens
+# the reuse of the operands a task streams over all of K: a weight gradient (64 x 1024 ->
+# 256 outputs, two threads) cut into 8 tasks re-read each chunk of b for 1 of its 2 row
+# panels' worth of blocks.  4 -> 2, AVX-512 / AVX2 (haswell target), two threads:
+# 256x64.(1024) 72 -> 81 / 43 -> 46 GFLOP/s, 64x256.(1024) 67 -> 83 / 41 -> 53; products
+# already cut into 8+ tasks by their panels unchanged (1024x64x256, 512x1024x1024, ...).
+_TASKS_PER_THREAD = 2
 _PACK_ROWS = 64              # rows of an operand per packing task (64 x 256 float64: 128 KiB)
 
 
