@@ -160,3 +160,37 @@ def test_written_out_2x2_max_kernel_is_the_general_kernels_bytes(shape):
         with forced_schedule(schedule):
             assert F.max_pool2x2(bad.reshape(N * C, H, W),
                                  got.reshape(N * C, OH, OW)) == expect
+
+
+@pytest.mark.parametrize("shape", [(64, 16, 8, 8), (3, 5, 9, 11), (2, 3, 4, 5), (1, 1, 2, 2),
+                                   (33, 2, 6, 6), (2, 2, 3, 3)])
+def test_written_out_2x2_max_backward_is_the_general_kernels_bytes(shape):
+    """The 2x2 / stride-2 max backward (selects, taken by the plan) against the general
+    backward kernel and the regular one: ties (the first maximum in row-major order gets
+    the cotangent), signed zeros in ``x`` and ``g`` (``0.0 + g``), odd sizes (the last
+    row/column no window covers is 0.0), serial and parallel."""
+    N, C, H, W = shape
+    x = _data(N, C, H, W, sum(shape) + 5)
+    x[-1, -1, :2, :2] = 0.5                          # a window of four equal values
+    axes = _axes(H, W, 2, 2, 2, 2)
+    OH, OW = H // 2, W // 2
+    g = np.random.default_rng(3).standard_normal((N, C, OH, OW))
+    g[::2, :, ::2] = -0.0
+    args = (x.reshape(N, C, 1, H, W), g.reshape(N, C, 1, OH, OW), KP.boxes3(axes), True)
+    want = np.empty_like(x)
+    with F.forced_path("general"):
+        KB.pool_backward_nd(*args, want.reshape(N, C, 1, H, W))
+    regular = np.full_like(x, np.nan)
+    F.max_pool2d_regular_backward(x.reshape(N * C, H, W), g.reshape(N * C, OH, OW),
+                                  2, 2, 2, 2, regular.reshape(N * C, H, W))
+    assert regular.tobytes() == want.tobytes()
+    for schedule in ("parallel", "serial"):
+        got = np.full_like(x, np.nan)
+        with forced_schedule(schedule):
+            F._max_pool2x2_backward_span(x.reshape(N * C, H, W), g.reshape(N * C, OH, OW),
+                                         got.reshape(N * C, H, W))
+        assert got.tobytes() == want.tobytes(), schedule
+        planned = np.full_like(x, np.nan)
+        with forced_schedule(schedule):
+            KB.pool_backward_nd(*args, planned.reshape(N, C, 1, H, W))
+        assert planned.tobytes() == want.tobytes(), schedule
