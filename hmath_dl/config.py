@@ -114,7 +114,7 @@ name                           value  module                  decides
 ``SKINNY_MAX``                 16     precision.quantization  int8 GEMM path ``skinny`` when
                                                               M or N is at most this
 *tasks of a parallel launch*
-``_TASKS_PER_THREAD``          4      _kernels.gemm_f64       a parallel float GEMM is cut
+``_TASKS_PER_THREAD``          2      _kernels.gemm_f64       a parallel float GEMM is cut
                                                               into at least this many tasks
                                                               per thread
 ``MIN_TASKS``                  8      _kernels.gemm_reduced   portable reduced GEMM: rows are

@@ -444,3 +444,46 @@ def test_gradient_utilities_are_shared():
     assert ad.clip_gradients is gu.clip_gradients
     import hmath_dl.precision as prec
     assert getattr(prec, "gradient_norm", gu.gradient_norm) is gu.gradient_norm
+
+
+def test_tape_values_are_not_scanned_again_while_read_only(monkeypatch):
+    """Large tape values are recorded as checked (``_checks.mark_finite``): a layer given
+    one skips its finiteness scan -- but only while the array is still read-only, and
+    only for that very array (a copy, a view or a small array is scanned as before).  An
+    owner that makes a tape value writeable and puts a NaN in it gets NonFiniteError."""
+    from hmath_dl import _checks
+    scans = []
+    real = _checks.require_finite
+    monkeypatch.setattr(_checks, "require_finite",
+                        lambda f, n, a: (scans.append(a.size), real(f, n, a)))
+    x = ad.variable(np.random.default_rng(0).standard_normal((64, 128)))
+    y = ad.activate(Activation.RELU, x) * 2.0          # tape values of 8192 elements
+    assert _checks.known_finite(x.value) and _checks.known_finite(y.value)
+    scans.clear()
+    assert _checks.tensor("f", "y", y.value) is y.value and scans == []
+    view = y.value[:10]
+    _checks.tensor("f", "y", view)
+    _checks.tensor("f", "y", np.array(y.value))
+    assert scans == [view.size, y.value.size]
+    small = ad.variable(np.ones(10))
+    assert not _checks.known_finite(small.value)
+    # a tape value that is a view of another (a reshape) is checked again once its base
+    # has been made writeable
+    z = ad.activate(Activation.RELU, x)
+    flat = ad.reshape(z, (-1,))
+    if flat.value.base is not None:
+        assert _checks.known_finite(flat.value)
+        base = flat.value.base
+        while base.base is not None and isinstance(base.base, np.ndarray):
+            base = base.base
+        base.setflags(write=True)
+        assert not _checks.known_finite(flat.value)
+    # an owner that makes the value writeable again is checked again
+    owned = ad.variable(np.ones((64, 128))).value
+    scans.clear()
+    owned.setflags(write=True)
+    owned[3, 4] = np.nan
+    assert not _checks.known_finite(owned)
+    with pytest.raises(NonFiniteError):
+        _checks.tensor("f", "x", owned)
+    assert scans == [owned.size]

@@ -11,7 +11,7 @@ any thread count.
 Why this way round: ``cols`` is what :func:`.backward.im2col` writes (rows contiguous
 along the output positions, one plain copy per input row) and the GEMM reads it where it
 lies as its ``a``; only ``G^T`` (``Cout`` columns, small) is packed.  The other way round,
-``cols^T`` had to be packed as ``b`` -- a gather per element (:func:`unfold_packed` until
+``cols^T`` had to be packed as ``b`` -- a gather per element (``unfold_packed``, until
 2026-12-06) -- and the product's tasks were cut over ``Cout x C*K`` outputs of a few
 6-row blocks.  Measured in one process, current -> swapped, two threads, Intel Xeon
 (AVX-512): 3x3 16->32 @4x4 batch 64 (the small CNN's second layer) 344 -> 305 us, 3x3

@@ -112,6 +112,9 @@ class ADTensor:
         self._setup(_frozen_copy(arr), (), None, None, False, False)
 
     def _setup(self, value, parents, op, ctx, is_variable, needs_grad):
+        # every tape value is checked finite when it is made and is read-only: layers
+        # given it need not scan it again (hmath_dl._checks.known_finite)
+        _checks.mark_finite(value)
         self.value = value
         self.parents = parents
         self.op = op
