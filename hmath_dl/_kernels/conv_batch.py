@@ -232,7 +232,8 @@ def forward(x5, w5, bias, has_bias, groups, s, d, pads, out5):
         bpk = _workspace("b", -(-J // T) * R * T)
         pack(xt, readonly(toff + gi * Cg * Dp * Hp * Wp) if gi else toff, poff, N, T, bpk)
         rows = slice(gi * cog, (gi + 1) * cog)
-        apk = pack_a(w2[rows], cog * J * R < (1 << 21))
+        # (serial below 64 Ki weights: a parallel launch costs more than the copy)
+        apk = pack_a(w2[rows], cog * R < (1 << 16))
         bad += run_tiled(apk, bpk, 0, flat[gi * cog * J:], 0, J, cog, J, R, T, 1,
                          bias[rows] if has_bias else None, 0, True)
     untranspose(yt, out5.reshape(N, Cout, P))
@@ -260,7 +261,7 @@ def input_gradient(g, w, groups, geo, dx):
         bpk = _workspace("b", -(-J // T) * cog * T)
         # b = gt's group rows [cog, J], packed as gemm_f64.gemm packs a C-contiguous b
         _pack_b.when_small(cog * J < (1 << 16))(readonly(gt[rows]), bpk, cog, T)
-        apk = pack_a(w2[rows].T, R * J * cog < (1 << 21))
+        apk = pack_a(w2[rows].T, R * cog < (1 << 16))
         run_tiled(apk, bpk, 0, dcols[gi * R:(gi + 1) * R].reshape(-1), 0, J, R, J, cog, T, 1,
                   None, 0, False)
     scratch = np.empty((C, dx[0, 0].size * N))

@@ -676,10 +676,17 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
         with np.errstate(over="ignore", invalid="ignore"):
             return out, int(out.size - np.count_nonzero(np.isfinite(out)))
     T = tile_width(N)
-    packs = M * N * K < _SERIAL_FMAS or M * K + K * N < (1 << 16)   # copies too small to split
+    # each packing copy runs serially when its operand is small (or the product is): a
+    # parallel launch costs more than copying 64 Ki elements.  (Sized by both operands
+    # together, the 64 x 64 weights of the transformer's dense layers were packed by a
+    # parallel launch because their a had 64 Ki elements: ~30 us in the step each, 13
+    # per step, against ~8 serially.)
+    small = M * N * K < _SERIAL_FMAS
+    packs_a = small or M * K < (1 << 16)
+    packs = small or K * N < (1 << 16)
     # a read in place must not be the output (c is written while a is read)
     a_where = None if not fresh and np.may_share_memory(out, a) else a_operand(a)
-    apk = pack_a(a, packs) if a_where is None else None
+    apk = pack_a(a, packs_a) if a_where is None else None
     b_rows = 0
     # like a, a b read in place must not be the output
     if b_in_place(b, M, N, K) and (fresh or not np.may_share_memory(out, b)):
