@@ -307,6 +307,14 @@ def avg_pool2d_regular_backward(g, kh, kw, sh, sw, div, dx):
 # 54-60; odd 9 x 11 planes: 21 against 32-33).
 
 
+@inlined
+def _window2x2(xf, r0, r1, w):
+    """The window ``a b / c d`` at column ``w`` of the rows starting at ``r0``, ``r1``
+    (flat, unsigned offsets)."""
+    one = np.uint64(1)
+    return xf[r0 + w], xf[r0 + w + one], xf[r1 + w], xf[r1 + w + one]
+
+
 @span_kernel(iterations=lambda x, out, bad: bad.shape[0], work=lambda x, out, bad: x.size)
 def _max_pool2x2_span(x, out, bad, t0, t1):
     """Tasks ``t0 .. t1-1`` (``PLANES_PER_TASK`` planes each) of :func:`max_pool2x2`;
@@ -317,7 +325,6 @@ def _max_pool2x2_span(x, out, bad, t0, t1):
     outf = out.reshape(-1)
     uW, uOW = np.uint64(W), np.uint64(OW)
     two = np.uint64(2)
-    one = np.uint64(1)
     for t in range(t0, t1):
         nb = 0
         for p in range(t * PLANES_PER_TASK, min(P, (t + 1) * PLANES_PER_TASK)):
@@ -328,11 +335,7 @@ def _max_pool2x2_span(x, out, bad, t0, t1):
                 r1 = r0 + uW
                 o = ob + oh * uOW
                 for ow in range(uOW):
-                    w = two * ow
-                    a = xf[r0 + w]
-                    b = xf[r0 + w + one]
-                    c = xf[r1 + w]
-                    d = xf[r1 + w + one]
+                    a, b, c, d = _window2x2(xf, r0, r1, two * ow)
                     tc = c if c > a else a
                     ud = d if d > b else b
                     outf[o + ow] = ud if ud > tc else tc
@@ -361,10 +364,7 @@ def _backward_window_row(xf, gf, dxf, r0, r1, o, uOW):
     two = np.uint64(2)
     for ow in range(uOW):
         w = two * ow
-        a = xf[r0 + w]
-        b = xf[r0 + w + one]
-        c = xf[r1 + w]
-        d = xf[r1 + w + one]
+        a, b, c, d = _window2x2(xf, r0, r1, w)
         v = 0.0 + gf[o + ow]
         # the scan's replacements as masks (no data-dependent branch)
         gb_ = b > a
