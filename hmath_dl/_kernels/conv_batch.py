@@ -24,12 +24,13 @@ back by :func:`untranspose`.  (The weight gradient keeps the ``(n, o)`` order of
 chains: :mod:`.conv_wgrad`.)
 """
 
+import functools
+
 import numpy as np
 
 from ._jit import span_kernel
 from .views import readonly
 from .gemm_f64 import _CB, _pack_b, _workspace, pack_a, run_tiled, tile_width
-from .conv_wgrad import _offsets
 
 _MAX_POSITIONS = 49      # output planes up to this many positions (7x7) take this path
 _MIN_COLUMNS = 64        # ... when P*N gives at least this many GEMM columns
@@ -87,6 +88,26 @@ def pad_transpose(x5, pd, ph, pw, xt, t0, t1):
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def _offsets(C, Dp, Hp, Wp, R, geo):
+    """``(toff, poff)`` of :func:`pack` (read-only int64) for ``R`` unfolded rows of a
+    padded input ``[C, Dp, Hp, Wp]`` per batch element: each row's offset (channel,
+    kernel tap times the dilation) and each output position's (times the stride).  Kept
+    per geometry: a training step asks for the same ones every time."""
+    kd, kh, kw, sd, sh, sw, dd, dh, dw = geo[:9]
+    OD, OH, OW = geo[12], geo[13], geo[14]
+    KK = kd * kh * kw
+    r = np.arange(R, dtype=np.int64)
+    kk = r % KK
+    toff = ((r // KK * Dp + kk // (kh * kw) * dd) * Hp + (kk // kw) % kh * dh) * Wp \
+        + kk % kw * dw
+    o = np.arange(OD * OH * OW, dtype=np.int64)
+    poff = ((o // (OH * OW) * sd) * Hp + (o // OW) % OH * sh) * Wp + o % OW * sw
+    toff.flags.writeable = False
+    poff.flags.writeable = False
+    return toff, poff
+
+
 @span_kernel(iterations=lambda xt, toff, poff, N, T, bpk: -(-(poff.shape[0] * N) // T),
              work=lambda xt, toff, poff, N, T, bpk: bpk.shape[0])
 def pack(xt, toff, poff, N, T, bpk, t0, t1):
@@ -94,7 +115,7 @@ def pack(xt, toff, poff, N, T, bpk, t0, t1):
     i = o*N + n < P*N``, 0 past the last column: the batch-minor unfolded input packed as
     :func:`.gemm_f64.gemm_tiled` reads ``b`` (``toff`` the offsets of the terms in one
     padded plane stack, ``poff`` those of the output positions, as in
-    :func:`.conv_wgrad._offsets`).  A span kernel over column tiles."""
+    :func:`_offsets`).  A span kernel over column tiles."""
     xf = xt.reshape(-1)
     K = toff.shape[0]
     J = poff.shape[0] * N

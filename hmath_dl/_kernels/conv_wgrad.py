@@ -21,10 +21,6 @@ lies as its ``a``; only ``G^T`` (``Cout`` columns, small) is packed.  The other 
 us, 173 -> 153 us, 43.4 -> 37.3 ms.
 """
 
-import functools
-
-import numpy as np
-
 from .backward import im2col
 from .gemm_f64 import _CB, _workspace, matmul
 
@@ -36,26 +32,6 @@ def usable(cog, terms, positions, tiled):
     tile would be padding, and the caller's ``G @ cols^T`` runs them on the portable
     rows) and a non-empty sum (``positions = N*P > 0``, ``terms = Cg*K > 0``)."""
     return tiled and cog >= _CB and terms > 0 and positions > 0
-
-
-@functools.lru_cache(maxsize=64)
-def _offsets(C, Dp, Hp, Wp, R, geo):
-    """``(toff, poff)`` (read-only int64; :func:`.conv_batch.pack`'s gather) for ``R`` unfolded rows
-    of a padded input ``[C, Dp, Hp, Wp]`` per batch element: each row's offset (channel,
-    kernel tap times the dilation) and each output position's (times the stride).  Kept
-    per geometry: a training step asks for the same ones every time."""
-    kd, kh, kw, sd, sh, sw, dd, dh, dw = geo[:9]
-    OD, OH, OW = geo[12], geo[13], geo[14]
-    KK = kd * kh * kw
-    r = np.arange(R, dtype=np.int64)
-    kk = r % KK
-    toff = ((r // KK * Dp + kk // (kh * kw) * dd) * Hp + (kk // kw) % kh * dh) * Wp \
-        + kk % kw * dw
-    o = np.arange(OD * OH * OW, dtype=np.int64)
-    poff = ((o // (OH * OW) * sd) * Hp + (o // OW) % OH * sh) * Wp + o % OW * sw
-    toff.flags.writeable = False
-    poff.flags.writeable = False
-    return toff, poff
 
 
 def weight_gradient(x5, G, cout, cg, groups, geo, dw):

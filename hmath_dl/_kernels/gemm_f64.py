@@ -108,11 +108,8 @@ def _set_groups(bk):
     of its group; 64 (no conflict) for any other row stride."""
     if bk % 8 != 0:
         return 64
-    g = bk // 8
-    d = 1
-    while d < 64 and g % (2 * d) == 0:
-        d *= 2
-    return 64 // d
+    low = (bk // 8) & -(bk // 8)        # gcd(bk/8, 64) is its lowest set bit, at most 64
+    return 1 if low == 0 or low >= 64 else 64 // low
 
 
 @inlined
@@ -462,8 +459,10 @@ def _workspace(name, n, dtype=np.float64):
     """A buffer of ``n`` elements of ``dtype`` for packing, kept per Python thread and name
     and reused (fresh pages cost a fault each: a 512x1024x1024 product paid ~5 ms of its
     ~14 ms for them); requests above 64 MiB are not kept here but taken from the output
-    pool of :mod:`hmath_dl._alloc` (:func:`_pooled`), which keeps a block once it is free
-    again (up to its limit), so a call that repeats gets the same pages back.  64-byte
+    pool of :mod:`hmath_dl._alloc`, which keeps a block once it is free again (up to its
+    limit), so a call that repeats gets the same pages back (the weight gradient of a 3x3
+    64->64 convolution on 8 x 56 x 56 planes unfolds 115 MB: afresh, its page faults and
+    zero-fill took ~17 of the call's 44 ms, Intel Xeon, two threads).  64-byte
     aligned."""
     views = _WS.__dict__.setdefault("views", {})
     last = views.get(name)          # the view handed out last time: reused as it is when
@@ -471,22 +470,13 @@ def _workspace(name, n, dtype=np.float64):
         return last
     dtype = np.dtype(dtype)
     if n * dtype.itemsize > _WS_MAX * 8:
-        return _pooled(n, dtype)
+        return _aligned(n, dtype, pooled=True)
     buf = getattr(_WS, name, None)
     if buf is None or buf.dtype != dtype or buf.shape[0] < n:
         buf = _aligned(max(n, 1 << 12), dtype)
         setattr(_WS, name, buf)
     views[name] = view = buf[:n]
     return view
-
-
-def _pooled(n, dtype=np.float64):
-    """:func:`_aligned`'s buffer from the pool of :mod:`hmath_dl._alloc` (plain memory when
-    the pool is off): it goes back to the pool when the last view of it goes.  The
-    weight gradient of a 3x3 64->64 convolution on 8 x 56 x 56 planes unfolds 115 MB:
-    afresh, its page faults and zero-fill took ~17 of the call's 44 ms (Intel Xeon, two
-    threads)."""
-    return _aligned(n, dtype, pooled=True)
 
 
 def _aligned(n, dtype=np.float64, pooled=False):
