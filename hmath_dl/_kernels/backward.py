@@ -273,17 +273,67 @@ def embedding_backward(indices, g, V, dw):
 
 
 # --------------------------------------------------------------------------- convolution
+
+_SHORT_ROWS = 9     # output rows shorter than this: im2col gathers through a map
+
+
+@inlined
+def _im2col_gather(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols, t0,
+                   t1):
+    """:func:`im2col`'s rows ``t0 .. t1-1`` for short output rows: per row, the source of
+    every output position within one input plane (or -1: padding) is computed once, then
+    each image's segment of the row is a gather through that map (the row-wise copy
+    paid loop and branch overhead per run of a few elements: 64 x 16 planes of 4 x 4,
+    3 x 3 taps, one thread, AVX-512: 179-195 -> 70-76 us; 64 planes of 8 x 8 25 -> 17;
+    rows of 14 or 16 were slower gathered, 0.42 -> 0.6 ns per element).  The same values;
+    ``x`` and ``cols`` C-contiguous."""
+    N, C, D, H, W = x.shape
+    KK = kd * kh * kw
+    P = OD * OH * OW
+    S = D * H * W
+    xf = x.ravel()      # a view: only a C-contiguous x comes here
+    idx = np.empty(P, dtype=np.int64)
+    uP = np.uint64(P)
+    for r in range(t0, t1):
+        c = r // KK
+        t = r % KK
+        i = t // (kh * kw)
+        j = (t // kw) % kh
+        k = t % kw
+        for od in range(OD):
+            di = od * sd - pd + i * dd
+            for oh in range(OH):
+                hj = oh * sh - ph + j * dh
+                for ow in range(OW):
+                    wk = ow * sw - pw + k * dw
+                    inside = 0 <= di < D and 0 <= hj < H and 0 <= wk < W
+                    idx[(od * OH + oh) * OW + ow] = (di * H + hj) * W + wk if inside else -1
+        row = cols[r]
+        for n in range(N):
+            src = np.uint64((n * C + c) * S)
+            ub = np.uint64(n * P)
+            for p in range(uP):
+                v = idx[p]
+                e = xf[src + np.uint64(max(v, 0))]
+                row[ub + p] = e if v >= 0 else 0.0
+
+
 @span_kernel(iterations=lambda x, kd, kh, kw, *rest: x.shape[1] * kd * kh * kw,
              work=lambda *args: args[-1].size)
 def im2col(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols, t0, t1):
     """Unfold ``x [N, C, D, H, W]`` into ``cols [C*kd*kh*kw, N*OD*OH*OW]``: row
     ``(c, i, j, k)``, column ``(n, od, oh, ow)`` holds ``x[n, c, od*sd - pd + i*dd,
     oh*sh - ph + j*dh, ow*sw - pw + k*dw]`` (0 outside ``x``: zero padding).  Parallel
-    over rows; every write is a plain copy, contiguous along ``ow``.  A span kernel over
-    the rows ``t0 .. t1-1``: called as ``im2col(x, ..., cols)``."""
+    over rows; every write is a plain copy, contiguous along ``ow`` (output rows shorter
+    than ``_SHORT_ROWS``: a gather through a per-row map, :func:`_im2col_gather`).  A span
+    kernel over the rows ``t0 .. t1-1``: called as ``im2col(x, ..., cols)``."""
     N, C, D, H, W = x.shape
     KK = kd * kh * kw
     P = OD * OH * OW
+    if OW < _SHORT_ROWS and x.flags.c_contiguous and cols.flags.c_contiguous:
+        _im2col_gather(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols, t0,
+                       t1)
+        return
     for r in range(t0, t1):
         c = r // KK
         t = r % KK
