@@ -50,7 +50,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import helper, inlined, kernel, span_kernel
+from ._jit import helper, kernel, span_kernel
 
 #: A convolution's work is its multiply-add count, about 16 of them per element of a
 #: memory-bound kernel's work: the serial threshold of the convolution kernels is
@@ -810,39 +810,6 @@ def _launch_tiled(xp, wpk, Cog, geo, bias, has_bias, out5, fmas):
         dst, out3)
 
 
-_SHORT_ROWS = 9     # padded rows shorter than this: pad_input gathers through a map
-
-
-@inlined
-def _pad_gather(x, pd, ph, pw, out, t0, t1):
-    """:func:`pad_input`'s planes ``t0 .. t1-1`` for short rows: the source of every
-    position of a padded plane (or -1: a zero) is computed once, then each plane is a
-    gather through that map (the row-wise copy paid loop and view overhead per row of a
-    few elements: 64 x 16 planes of 4 x 4 padded to 6 x 6, one thread, AVX-512: 33 ->
-    19 us).  The same values; ``x`` and ``out`` C-contiguous."""
-    N, C, D, H, W = x.shape
-    Dp, Hp, Wp = out.shape[2], out.shape[3], out.shape[4]
-    Q = Dp * Hp * Wp
-    S = D * H * W
-    idx = np.empty(Q, dtype=np.int64)
-    for d in range(Dp):
-        for h in range(Hp):
-            for w in range(Wp):
-                a, b, e = d - pd, h - ph, w - pw
-                inside = 0 <= a < D and 0 <= b < H and 0 <= e < W
-                idx[(d * Hp + h) * Wp + w] = (a * H + b) * W + e if inside else -1
-    xf = x.ravel()      # views: only C-contiguous arrays come here
-    of = out.ravel()
-    uQ = np.uint64(Q)
-    for t in range(t0, t1):
-        src = np.uint64(t * S)
-        dst = np.uint64(t * Q)
-        for q in range(uQ):
-            v = idx[q]
-            e = xf[src + np.uint64(max(v, 0))]
-            of[dst + q] = e if v >= 0 else 0.0
-
-
 @span_kernel(iterations=lambda x, pd, ph, pw, out: x.shape[0] * x.shape[1],
              work=lambda x, pd, ph, pw, out: out.size)
 def pad_input(x, pd, ph, pw, out, t0, t1):
@@ -852,9 +819,6 @@ def pad_input(x, pd, ph, pw, out, t0, t1):
     ``pad_input(x, pd, ph, pw, out)``."""
     N, C, D, H, W = x.shape
     Dp, Hp, Wp = out.shape[2], out.shape[3], out.shape[4]
-    if Wp < _SHORT_ROWS and x.flags.c_contiguous and out.flags.c_contiguous:
-        _pad_gather(x, pd, ph, pw, out, t0, t1)
-        return
     for t in range(t0, t1):
         n = t // C
         c = t % C
