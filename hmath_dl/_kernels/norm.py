@@ -390,9 +390,18 @@ def _four_stats(x, base, n, center, acc):
     return ms, vs, ok
 
 
-@kernel(scale=_ROW_SCALE)
+def _row_blocks(rows):
+    """``(rows per block, blocks)`` of :func:`normalize_rows_affine`: a multiple of 4 rows
+    per block, at most 32 blocks (each block is one span call: 256 blocks of 4 rows cost
+    ~12 us more than 32 of 32 on two threads, 1024 rows of 64)."""
+    per = 4 * max(1, (rows + 127) // 128)
+    return per, (rows + per - 1) // per
+
+
+@span_kernel(iterations=lambda x, rows, *rest: _row_blocks(rows)[1],
+             work=lambda x, *rest: x.shape[0], scale=_ROW_SCALE)
 def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem, G, cpg, S,
-                          check, out, status, xh):
+                          check, out, status, xh, t0, t1):
     """Row-wise normalisation of the C-contiguous ``[rows, n]`` array ``x`` (flat),
     followed by an affine map, fused: ``out = (xhat * w) + b`` (two roundings: the
     product, then the sum; never a fused multiply-add; without ``has_b`` only the
@@ -412,20 +421,27 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
     receives ``xhat`` itself, bitwise the output without an affine map (the autodiff's
     record for the gradients), from the same pass; empty: not written.
 
-    Rows of at most ``_CHUNK`` elements go four at a time through :func:`_four_stats`
-    (each row's statistics by the same operations as :func:`_group_stats`, so the same
-    bits, the four rows' chains side by side); a row whose sums are not finite, and the
-    last ``per % 4`` rows of a block, take :func:`_group_stats` itself.  One site of each:
-    inlined code is compiled once per site (written out per case, this kernel took 5 s
-    to compile); ``_four_stats`` is a compiled helper (compiled once; inlined here,
-    Numba's parfor array analysis fails on its tuples), one call per four rows.
+    Every element is ``xhat = (x * s - mean) * r`` with the row's scale ``s`` (1.0 unless
+    its sums overflowed, and ``x * 1.0`` is ``x`` exactly), ``r = 1 / sqrt(var + eps
+    s**2)``.  Rows of at most ``_CHUNK`` elements go four at a time through
+    :func:`_four_stats` (each row's statistics by the same operations as
+    :func:`_group_stats`, so the same bits, the four rows' chains side by side; a compiled
+    helper, one call per four rows); a row whose sums are not finite, and the last
+    ``per % 4`` rows of a block, take :func:`_group_stats` itself.
+
+    A span kernel over blocks of rows (:func:`_row_blocks`): one compilation serves the
+    serial and the parallel calls (as a ``prange`` kernel it compiled for 3.9 s plus 1.3
+    s for its serial twin; now ~1.2 s).  The row's output is written here, not in an
+    inlined helper: the helper's array arguments cost an atomic reference-count increment
+    and decrement each, per row (~100 ns a row; 1024 rows of 64 took 139 us on one
+    thread, now 53).
     """
-    per = 4 * max(1, (rows + 1023) // 1024)    # rows per block: a multiple of 4, and
-    nblk = (rows + per - 1) // per             # at most 256 blocks
+    per = 4 * max(1, (rows + 127) // 128)       # rows per block, as _row_blocks
     none = (False, False, False, False)
     zero = (0.0, 0.0, 0.0, 0.0)
-    for blk in prange(nblk):
-        acc = np.empty(4 * lanes)
+    acc = np.empty(4 * lanes)
+    un = np.uint64(n)
+    for blk in range(t0, t1):
         r = blk * per
         r1 = min(rows, (blk + 1) * per)
         while r < r1:
@@ -434,82 +450,52 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
             if nr == 4 and n <= _CHUNK:
                 ms, vs, ok = _four_stats(x, r * n, n, center, acc)
             for j in range(nr):
+                row = r + j
                 if ok[j]:
                     sc, m, v, code = 1.0, ms[j], vs[j], OK
                 else:
                     # np.int64(1): a literal 1 would compile _group_stats (and its
                     # helpers) once more than batch_norm_train's call does
-                    sc, m, v, code = _group_stats(x, (r + j) * n, np.int64(1), n, n, center,
+                    sc, m, v, code = _group_stats(x, row * n, np.int64(1), n, n, center,
                                                   acc[:lanes])
-                status[r + j] = code
-                if code == OK:
-                    _affine_row_out(x, r + j, n, m, _inv_std(v, eps, sc), sc, w, b, has_b,
-                                    per_elem, G, cpg, S, check, out, status, xh)
+                status[row] = code
+                if code != OK:
+                    continue
+                inv = _inv_std(v, eps, sc)
+                st = row * n
+                # flat unsigned offsets: no slices (each costs a reference count update)
+                # and no negative-index test
+                if per_elem:
+                    u0 = np.uint64(st)
+                    if xh.shape[0] != 0:
+                        # xhat in a loop of its own, recomputed (the same operations) for
+                        # the output: with both stores in one loop the compiler kept it
+                        # scalar (1024 rows of 64, two threads, AVX-512: 53-63 -> 43-46 us)
+                        for i in range(un):
+                            xh[u0 + i] = (x[u0 + i] * sc - m) * inv
+                    if has_b:
+                        for i in range(un):
+                            out[u0 + i] = ((x[u0 + i] * sc - m) * inv) * w[i] + b[i]
+                    else:
+                        for i in range(un):
+                            out[u0 + i] = ((x[u0 + i] * sc - m) * inv) * w[i]
+                else:
+                    c0 = (row % G) * cpg
+                    uS = np.uint64(S)
+                    for k in range(cpg):
+                        wc = w[c0 + k]
+                        u0 = np.uint64(st + k * S)
+                        if has_b:
+                            bc = b[c0 + k]
+                            for i in range(uS):
+                                out[u0 + i] = ((x[u0 + i] * sc - m) * inv) * wc + bc
+                        else:
+                            for i in range(uS):
+                                out[u0 + i] = ((x[u0 + i] * sc - m) * inv) * wc
+                # np.int64(st), not a literal: a literal would compile span_finite once more
+                if check and not span_finite(out, np.int64(st), st + n):
+                    status[row] = OVERFLOW
             r += nr
-
-
-@inlined
-def _affine_row_out(x, r, n, m, inv, s, w, b, has_b, per_elem, G, cpg, S, check, out, status,
-                    xh):
-    """Row ``r``'s output of :func:`normalize_rows_affine` from its statistics (flat
-    offsets, unsigned: no slices -- each slice of an array costs an atomic reference
-    count increment and decrement -- and no negative-index test)."""
-    st = r * n
-    if per_elem:
-        u0 = np.uint64(st)
-        un = np.uint64(n)
-        if xh.shape[0] != 0:
-            # xhat kept too: ``x * s`` is ``x`` exactly when s == 1.0, so one
-            # formula gives both paths' bits.  xhat in a loop of its own, recomputed
-            # (the same operations) for the output: with both stores in one loop the
-            # compiler kept it scalar (1024 rows of 64, two threads, AVX-512: 53-63 ->
-            # 43-46 us)
-            for i in range(un):
-                xh[u0 + i] = (x[u0 + i] * s - m) * inv
-            if has_b:
-                for i in range(un):
-                    out[u0 + i] = ((x[u0 + i] * s - m) * inv) * w[i] + b[i]
-            else:
-                for i in range(un):
-                    out[u0 + i] = ((x[u0 + i] * s - m) * inv) * w[i]
-        elif s == 1.0:
-            if has_b:
-                for i in range(un):
-                    out[u0 + i] = ((x[u0 + i] - m) * inv) * w[i] + b[i]
-            else:
-                for i in range(un):
-                    out[u0 + i] = ((x[u0 + i] - m) * inv) * w[i]
-        else:
-            if has_b:
-                for i in range(un):
-                    out[u0 + i] = ((x[u0 + i] * s - m) * inv) * w[i] + b[i]
-            else:
-                for i in range(un):
-                    out[u0 + i] = ((x[u0 + i] * s - m) * inv) * w[i]
-    else:
-        c0 = (r % G) * cpg
-        uS = np.uint64(S)
-        for k in range(cpg):
-            wc = w[c0 + k]
-            bc = b[c0 + k] if has_b else 0.0
-            u0 = np.uint64(st + k * S)
-            if s == 1.0:
-                if has_b:
-                    for i in range(uS):
-                        out[u0 + i] = ((x[u0 + i] - m) * inv) * wc + bc
-                else:
-                    for i in range(uS):
-                        out[u0 + i] = ((x[u0 + i] - m) * inv) * wc
-            else:
-                if has_b:
-                    for i in range(uS):
-                        out[u0 + i] = ((x[u0 + i] * s - m) * inv) * wc + bc
-                else:
-                    for i in range(uS):
-                        out[u0 + i] = ((x[u0 + i] * s - m) * inv) * wc
-    # np.int64(st), not a literal: a literal argument would compile span_finite once more
-    if check and not span_finite(out, np.int64(st), st + n):
-        status[r] = OVERFLOW
 
 
 @span_kernel(iterations=lambda x, N, C, *rest: C, work=lambda x, *rest: x.size)
@@ -664,4 +650,4 @@ def weight_norm_kernel(w, P, A, Q, magnitudes, lanes, out, status):
 
 # serial twins (the same functions compiled without threads) for small calls: see
 # Kernel.sized in _jit.py (the names are kept for the tests that run both paths)
-normalize_rows_affine_serial = normalize_rows_affine.twin
+normalize_rows_affine_serial = normalize_rows_affine.when_small(True)
