@@ -571,13 +571,23 @@ def test_weight_norm_ad_formula_extremes_and_errors():
 def test_backward_kernels_serial_equals_parallel():
     from hmath_dl._kernels import norm_affine as K
     from hmath_dl._kernels.norm import LANES
+    from hmath_dl._kernels._jit import forced_schedule
     g, xh = rnd(0, (37, 300)), rnd(1, (37, 300))
     outs = []
-    for fn in (K.affine_grads_elem, K.affine_grads_elem_serial):
+    for schedule in ("parallel", "serial"):     # 300 columns: two blocks
         dw, db = np.zeros(300), np.zeros(300)
-        fn(g.reshape(-1), xh.reshape(-1), 37, 300, dw, db)
+        with forced_schedule(schedule):
+            K.affine_grads_elem(g.reshape(-1), xh.reshape(-1), 37, 300, dw, db)
         outs.append(dw.tobytes() + db.tobytes())
-    assert outs[0] == outs[1]
+    dw, db = np.zeros(300), np.zeros(300)
+    K.affine_grads_elem_serial(g.reshape(-1), xh.reshape(-1), 37, 300, dw, db)
+    outs.append(dw.tobytes() + db.tobytes())
+    assert outs[0] == outs[1] == outs[2]
+    want_w, want_b = np.zeros(300), np.zeros(300)      # rows in order, each product rounded
+    for r in range(37):
+        want_w = want_w + g[r] * xh[r]
+        want_b = want_b + g[r]
+    assert outs[0] == want_w.tobytes() + want_b.tobytes()
     outs = []
     for fn in (K.affine_grads_channel, K.affine_grads_channel_serial):
         dw, db = np.zeros(5), np.zeros(5)

@@ -485,17 +485,49 @@ def _norm_rows_backward_loops(x, y, g, w, rows, n, eps, center):
 
 
 @pytest.mark.parametrize("rows,n", [(1024, 64), (13, 7), (9, 5), (17, 33), (8, 1), (5, 64),
-                                    (16, 3), (24, 8), (3, 100)])
+                                    (16, 3), (24, 8), (3, 100), (1029, 9), (300, 5)])
 @pytest.mark.parametrize("center", [True, False])
-def test_norm_rows_backward_matches_loops(rows, n, center):
+@pytest.mark.parametrize("schedule", ["serial", "parallel"])
+def test_norm_rows_backward_matches_loops(rows, n, center, schedule):
     """The row-norm backward kernel (rows a vector's width at a time, one row per lane,
     the rest one by one) gives the plain loops' bits: whole and partial groups of rows,
-    rows shorter than a vector, a column tail, with and without centering."""
+    rows shorter than a vector, a column tail, with and without centering; serially and
+    in parallel (blocks of several groups when there are more than 32 tasks)."""
+    from hmath_dl._kernels._jit import forced_schedule
     from hmath_dl._kernels.backward import norm_rows_backward
     rng = np.random.default_rng(rows * 100 + n)
     x, y, g = (rng.standard_normal(rows * n) * 3.0 for _ in range(3))
     w = readonly(rng.standard_normal(n))
     dx = np.empty(rows * n)
-    norm_rows_backward(x, y, g, w, rows, n, 1e-5, center, dx)
+    with forced_schedule(schedule):
+        norm_rows_backward(x, y, g, w, rows, n, 1e-5, center, dx)
     assert dx.tobytes() == _norm_rows_backward_loops(x, y, g, w, rows, n, 1e-5,
                                                      center).tobytes()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 127, 129, 515, 1030])
+@pytest.mark.parametrize("per_elem", [True, False])
+def test_row_norm_forward_parallel_is_serial(rows, per_elem):
+    """The row norms' forward kernel (a span kernel over blocks of rows, four rows'
+    statistics at a time) writes the same bytes -- outputs, xhat, statuses -- run
+    serially and in parallel, for row counts that leave partial blocks and partial
+    groups of four; layer norm's per-element affine map and group norm's per channel."""
+    from hmath_dl._kernels._jit import forced_schedule
+    from hmath_dl._kernels.norm import LANES, normalize_rows_affine
+    rng = np.random.default_rng(rows)
+    n = 24
+    x = readonly(rng.standard_normal(rows * n) * 5.0)
+    if per_elem:
+        w, b, G, cpg, S = rng.standard_normal(n), rng.standard_normal(n), 1, 1, 1
+    else:
+        w, b, G, cpg, S = rng.standard_normal(6), rng.standard_normal(6), 3, 2, n // 2
+    res = []
+    for schedule in ("serial", "parallel"):
+        out, st = np.full(rows * n, 7.0), np.zeros(rows, dtype=np.int8)
+        xh = np.full(rows * n, 7.0) if per_elem else np.empty(0)
+        with forced_schedule(schedule):
+            normalize_rows_affine(x, rows, n, 1e-5, True, LANES, readonly(w), readonly(b), True,
+                                  per_elem, G, cpg, S, False, out, st, xh)
+        res.append(out.tobytes() + xh.tobytes() + st.tobytes())
+        assert not (out == 7.0).any()
+    assert res[0] == res[1]

@@ -21,34 +21,37 @@ import math
 import numpy as np
 from numba import prange
 
-from ._jit import helper, kernel
+from ._jit import helper, kernel, span_kernel
 from .status import OK, OVERFLOW, ZERO_SLICE
 
 _COLS = 256  # columns per parallel block of affine_grads_elem
 
 
-@kernel
-def affine_grads_elem(g, xh, rows, n, dw, db):
+@span_kernel(iterations=lambda g, xh, rows, n, dw, db: (n + _COLS - 1) // _COLS,
+             work=lambda g, *rest: g.shape[0])
+def affine_grads_elem(g, xh, rows, n, dw, db, t0, t1):
     """``dw[j] = sum_r g[r, j] * xh[r, j]``, ``db[j] = sum_r g[r, j]`` for the flat
-    ``[rows, n]`` arrays ``g`` and ``xh`` (rows in increasing order).  Parallel over
+    ``[rows, n]`` arrays ``g`` and ``xh`` (rows in increasing order).  A span kernel over
     blocks of ``_COLS`` columns; each block accumulates in its own scratch arrays
-    (contiguous, vectorised across columns; every column's sum stays serial in ``r``)."""
-    nblk = (n + _COLS - 1) // _COLS
-    for blk in prange(nblk):
+    (contiguous, vectorised across columns; every column's sum stays serial in ``r``).
+    One compilation for serial and parallel calls (it was a ``prange`` kernel with a
+    serial twin).  Flat unsigned offsets, no row views."""
+    un = np.uint64(n)
+    for blk in range(t0, t1):
         j0 = blk * _COLS
         w = min(n, j0 + _COLS) - j0
         aw = np.zeros(w)
         ab = np.zeros(w)
-        for r in range(rows):
-            st = r * n + j0
-            gr = g[st:st + w]
-            xr = xh[st:st + w]
-            for j in range(np.uint64(w)):
-                gv = gr[j]
-                aw[j] += gv * xr[j]
+        uw = np.uint64(w)
+        for r in range(np.uint64(rows)):
+            st = r * un + np.uint64(j0)
+            for j in range(uw):
+                gv = g[st + j]
+                aw[j] += gv * xh[st + j]
                 ab[j] += gv
-        dw[j0:j0 + w] = aw
-        db[j0:j0 + w] = ab
+        for j in range(w):
+            dw[j0 + j] = aw[j]
+            db[j0 + j] = ab[j]
 
 
 @helper
@@ -152,6 +155,6 @@ def weight_norm_backward(w, g, P, A, Q, magnitudes, dw, dmag, status):
 
 # serial twins (same functions compiled without threads) for small calls: see
 # Kernel.sized in _jit.py (the names are kept for the tests that run both paths)
-affine_grads_elem_serial = affine_grads_elem.twin
+affine_grads_elem_serial = affine_grads_elem.when_small(True)
 affine_grads_channel_serial = affine_grads_channel.twin
 weight_norm_backward_serial = weight_norm_backward.twin
