@@ -69,8 +69,9 @@ from .views import readonly
 # Query rows handled together: their scores (and outputs) are register tiles of the float
 # GEMMs' micro-kernel (``_simd._make_micro_acc`` with separately rounded products): _QB rows
 # x _KV vectors of keys (features, for the outputs), every key column loaded once per block.
-# Every product reads its ``a`` operand (query rows, weight rows; in the backward go, ds, p)
-# where it lies, through two strides: only a block of fewer than _QB rows is copied.
+# The products read their ``a`` operand (weight rows; in the backward go, ds, p) where it
+# lies, through two strides (only a block of fewer than _QB rows is copied); the forward's
+# query rows are copied per block (a few dozen values: one micro-kernel site less).
 _QB = 4
 _KV = 2
 _KT = _VW * _KV
@@ -362,17 +363,15 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
         _zero(wf, wo, nr * m_keys)
         return
     n = bhi + 1 - blo
-    # the block's query rows, read where they lie; a last block of fewer than _QB rows
-    # is copied, feature-major (rows past nr repeat the last real row), so no read
-    # passes the end of q
-    if nr == _QB:
-        _scores_tiles(ktf, mp, qf, qb + i0 * qs, 1, qs, s, bk * d * mp, d, blo, bhi)
-    else:
-        for r in range(_QB):
-            qo = qb + (i0 + min(r, nr - 1)) * qs
-            for c in range(d):
-                s[qpo + c * _QB + r] = qf[qo + c]
-        _scores_tiles(ktf, mp, s, qpo, _QB, 1, s, bk * d * mp, d, blo, bhi)
+    # the block's query rows copied, feature-major (in a last block of fewer than _QB
+    # rows, rows past nr repeat the last real row, so no read passes the end of q): one
+    # micro-kernel site for every block (each inlined site is compiled on its own; read
+    # in place, full blocks took a second one: 0.8 s more to compile, no faster)
+    for r in range(_QB):
+        qo = qb + (i0 + min(r, nr - 1)) * qs
+        for c in range(d):
+            s[qpo + c * _QB + r] = qf[qo + c]
+    _scores_tiles(ktf, mp, s, qpo, _QB, 1, s, bk * d * mp, d, blo, bhi)
     for r in range(nr):
         if not flags[_QB + r]:
             _zero(wf, wo + r * m_keys, m_keys)
@@ -381,11 +380,11 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
                    b * n_q + i0)
     # out = weights @ v over the keys blo..bhi, increasing j (weights of masked keys are
     # exact zeros, so they add nothing); the weight rows are read where they lie (a row
-    # that is not live holds zeros by now); a last block of fewer than _QB rows is copied
-    # with zero rows past nr, and rows that are not live have their sums dropped
-    if nr == _QB:
-        _values_tiles(vf, (bk * m_keys + blo) * fp, fp, wf, wo + blo, 1, m_keys, n, s, opo)
-    else:
+    # that is not live holds zeros by now), from one call site; a last block of fewer
+    # than _QB rows is copied with zero rows past nr, and rows that are not live have
+    # their sums dropped
+    wsrc, wso, wk, wr = wf, wo + blo, 1, m_keys
+    if nr != _QB:
         un = np.uint64(n)
         uwp = np.uint64(wpo)
         for r in range(_QB):
@@ -397,7 +396,8 @@ def _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_ke
             else:
                 for j in range(un):
                     s[uwp + j * np.uint64(_QB) + ur] = 0.0
-        _values_tiles(vf, (bk * m_keys + blo) * fp, fp, s, wpo, _QB, 1, n, s, opo)
+        wsrc, wso, wk, wr = s, wpo, _QB, 1
+    _values_tiles(vf, (bk * m_keys + blo) * fp, fp, wsrc, wso, wk, wr, n, s, opo)
     uf = np.uint64(f)
     for r in range(nr):
         if flags[_QB + r]:
