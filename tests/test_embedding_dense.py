@@ -144,3 +144,29 @@ def test_embedding_errors():
         embedding([1.0, 2.0], [0])
     with pytest.raises(NonFiniteError, match="^embedding"):
         embedding([[1.0, np.nan]], [0])
+
+
+@pytest.mark.parametrize("schedule", ["serial", "parallel"])
+def test_embedding_large_gather_both_schedules(schedule):
+    """A gather large enough for the parallel path (blocks of rows): the table's rows
+    bit for bit (signed zeros included) in both schedules, from a writeable and a
+    read-only table, and a NaN in a gathered row named at its first position."""
+    from hmath_dl._kernels._jit import forced_schedule
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((50, 64))
+    w[3, 7] = -0.0
+    idx = rng.integers(0, 50, size=(37, 101))
+    idx[0, 0] = 3
+    want = w[idx]
+    with forced_schedule(schedule):
+        for table in (w, readonly(w.copy())):
+            got = embedding(table, idx)
+            assert got.tobytes() == want.tobytes()
+        bad = w.copy()
+        bad[11, 5] = np.nan
+        idx2 = idx.copy()
+        idx2[20, 30] = 11
+        idx2[: 20] = np.where(idx2[:20] == 11, 12, idx2[:20])
+        idx2[20, :30] = np.where(idx2[20, :30] == 11, 12, idx2[20, :30])
+        with pytest.raises(NonFiniteError, match=r"\[20, 30\]"):
+            embedding(bad, idx2)

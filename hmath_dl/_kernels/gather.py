@@ -2,26 +2,33 @@
 
 import numpy as np
 
-from numba import prange
-
-from ._jit import kernel
+from ._jit import span_kernel
 
 _EXP = np.uint64(0x7FF0000000000000)
 
 
-@kernel
-def gather_rows(table_bits, rows, out_bits, row_ok):
+def _blocks(n):
+    """``(rows per block, blocks)`` of :func:`gather_rows`: at most 64 blocks."""
+    per = max(1, (n + 63) // 64)
+    return per, (n + per - 1) // per
+
+
+@span_kernel(iterations=lambda table_bits, rows, out_bits, row_ok: _blocks(rows.shape[0])[1],
+             work=lambda table_bits, rows, out_bits, row_ok: out_bits.size)
+def gather_rows(table_bits, rows, out_bits, row_ok, t0, t1):
     """``out_bits[r] = table_bits[rows[r]]`` for every r (rows already checked to lie in
     range), and ``row_ok[r] = 1`` iff that row is finite.
 
     Works on the float64 bit patterns (uint64 views): a copy of bits is exact, and a value
     is NaN/inf exactly when its exponent field is all ones, so the check is an integer
     maximum over the row -- which the compiler may reorder and vectorise, unlike a
-    floating-point test.  Parallel over output rows; the result does not depend on the
+    floating-point test.  A span kernel over blocks of output rows (serial for small
+    calls, e.g. one token; one compilation for both); the result does not depend on the
     thread count (each row is written by one thread, no reduction across rows)."""
     n = rows.shape[0]
+    per = max(1, (n + 63) // 64)                # as _blocks
     f = np.uint64(table_bits.shape[1])
-    for r in prange(n):
+    for r in range(t0 * per, min(n, t1 * per)):
         src = rows[r]
         m = np.uint64(0)
         for j in range(f):

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _checks
 from .._kernels.gather import gather_rows
+from .._kernels.views import readonly
 from .._kernels.status import NONFINITE_INPUT, OK
 from ..errors import IndexOutOfRange
 
@@ -59,7 +60,9 @@ def embedding(weights, indices):
         raise IndexOutOfRange(f"{fname}: indices{list(where)} = {int(flat[first])} is outside "
                               f"[0, {v}) (the table has {v} rows)")
     ok = np.empty(flat.size, dtype=np.uint8)
-    gather_rows(w.view(np.uint64), flat, out.reshape(flat.size, f).view(np.uint64), ok)
+    # the table read-only whatever the caller's flags: one compiled type
+    gather_rows(readonly(w.view(np.uint64)), flat, out.reshape(flat.size, f).view(np.uint64),
+                ok)
     # ok[i] == 0: the row gathered for position i holds a NaN/inf (the first one is named)
     verdict = (OK, None) if ok.all() else (NONFINITE_INPUT, int(np.argmin(ok)))
     return _checks.finish(fname, verdict, out=out,
