@@ -293,6 +293,14 @@ _SHORT_ROWS = 9     # output rows shorter than this: im2col gathers through a ma
 
 
 @inlined
+def _unfold_row(r, KK, kh, kw):
+    """Row ``r`` of an unfolded input, ``(c, i, j, k)``: channel ``c`` and kernel tap
+    ``(i, j, k)`` (rows are channel-major, taps in C order; ``KK = kd*kh*kw``)."""
+    t = r % KK
+    return r // KK, t // (kh * kw), (t // kw) % kh, t % kw
+
+
+@inlined
 def _im2col_gather(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols, t0,
                    t1):
     """:func:`im2col`'s rows ``t0 .. t1-1`` for short output rows: per row, the source of
@@ -310,11 +318,7 @@ def _im2col_gather(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW
     idx = np.empty(P, dtype=np.int64)
     uP = np.uint64(P)
     for r in range(t0, t1):
-        c = r // KK
-        t = r % KK
-        i = t // (kh * kw)
-        j = (t // kw) % kh
-        k = t % kw
+        c, i, j, k = _unfold_row(r, KK, kh, kw)
         for od in range(OD):
             di = od * sd - pd + i * dd
             for oh in range(OH):
@@ -350,11 +354,7 @@ def im2col(x, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, cols, 
                        t1)
         return
     for r in range(t0, t1):
-        c = r // KK
-        t = r % KK
-        i = t // (kh * kw)
-        j = (t // kw) % kh
-        k = t % kw
+        c, i, j, k = _unfold_row(r, KK, kh, kw)
         row = cols[r]
         # ow*sw + off inside [0, W) exactly for ow0 <= ow < ow1
         off = k * dw - pw
