@@ -118,6 +118,49 @@ def _is_c1(a, dt):
     return isinstance(a, types.Array) and a.layout == "C" and a.ndim == 1 and a.dtype == dt
 
 
+
+@intrinsic
+def borrowed(typingctx, a):
+    """``a`` itself, as an array value without its memory-info pointer (a *borrowed*
+    view: the same data, shape and strides).  In a serial compilation every inlined or
+    compiled helper that takes an array increments and decrements its reference count on
+    each call, atomically (Numba's ``NRT_incref``/``NRT_decref``); on a borrowed array
+    those are a null test.  The attention forward, one thread, spent a third of its time
+    there (once per 4-row block and per nested helper).  Only for arrays that the caller
+    keeps alive for as long as the borrowed view is used (a kernel's arguments, inside
+    the kernel); never returned or stored."""
+    if not isinstance(a, types.Array):
+        return None
+    sig = a(a)
+
+    def codegen(context, builder, signature, args):
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        dst = context.make_array(signature.return_type)(context, builder)
+        dst.meminfo = cgutils.get_null_value(dst.meminfo.type)
+        dst.parent = cgutils.get_null_value(dst.parent.type)
+        dst.nitems = src.nitems
+        dst.itemsize = src.itemsize
+        dst.data = src.data
+        dst.shape = src.shape
+        dst.strides = src.strides
+        return dst._getvalue()
+
+    return sig, codegen
+
+
+@intrinsic
+def alive(typingctx, a):
+    """No code: a use of the array ``a`` at this point, so that Numba keeps it (and the
+    memory under its :func:`borrowed` views) until here -- it releases a local array
+    after its last use."""
+    if not isinstance(a, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return context.get_dummy_value()
+
+    return types.void(a), codegen
+
 def _accepts(f64=(), i64=(), ints=(), bools=()):
     """The typing check shared by the micro-kernel intrinsics: 1-D C-contiguous float64
     arrays ``f64``, int64 arrays ``i64``, integer scalars ``ints``, boolean ``bools``."""

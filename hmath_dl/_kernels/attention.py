@@ -61,7 +61,7 @@ import numpy as np
 from numba import prange
 
 from ._jit import helper, inlined, kernel, span_kernel
-from ._simd import _VW, _make_micro_acc
+from ._simd import _VW, _make_micro_acc, alive, borrowed
 from .libm import _wide, cos_inline, exp_inline, log_inline, sin_inline
 from .status import NO_INDEX, OK, OVERFLOW, SCORE_OVERFLOW
 from .views import readonly
@@ -469,19 +469,28 @@ def _attend_chunks(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, nb, n_q, d,
     _wide()
     nblk = (n_q + _QB - 1) // _QB
     total = nb * nblk
-    s = np.empty(_QB * (mp + d + m_keys + fp), dtype=np.float64)
-    bits = np.empty(m_keys, dtype=np.int64)
+    s0 = np.empty(_QB * (mp + d + m_keys + fp), dtype=np.float64)
+    bits0 = np.empty(m_keys, dtype=np.int64)
+    span0 = np.empty(2 * _QB, dtype=np.int64)      # first, last allowed key per row
+    flags0 = np.empty(2 * _QB, dtype=np.bool_)     # dense, live per row
+    # borrowed views (no reference counting) of every array the per-block helpers take:
+    # as plain arrays each helper call counted each of them up and down, atomically
+    s, bits, span, flags = borrowed(s0), borrowed(bits0), borrowed(span0), borrowed(flags0)
     bitsf = bits.view(np.float64)
-    span = np.empty(2 * _QB, dtype=np.int64)      # first, last allowed key per row
-    flags = np.empty(2 * _QB, dtype=np.bool_)     # dense, live per row
+    qb_, ktb, vb, mb_, rb = borrowed(qf), borrowed(ktf), borrowed(vf), borrowed(mf), borrowed(ranges)
+    bb_, ob, wb, sb = borrowed(biasf), borrowed(outf), borrowed(wf), borrowed(status)
     for ch in range(t0, t1):
         for t in range(ch * total // nchunk, (ch + 1) * total // nchunk):
             b = t // nblk
             i0 = (t - b * nblk) * _QB
             nr = min(n_q - i0, _QB)
-            _attend_block(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, n_q, d, m_keys, f,
+            _attend_block(qb_, ktb, mp, vb, fp, mb_, rb, bb_, ob, wb, n_q, d, m_keys, f,
                           heads, b, b // gkv, i0, nr, b // gm, b // gb, s, bits, bitsf, span,
-                          flags, status, scale)
+                          flags, sb, scale)
+    alive(s0)
+    alive(bits0)
+    alive(span0)
+    alive(flags0)
 
 
 def _attention_forward(q, k, v, mask, bias, out, weights, gkv, scale, heads):
