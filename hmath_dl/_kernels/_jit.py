@@ -422,8 +422,28 @@ def inlined(fn):
     helper that is called (LLVM does not inline numba's compiled helpers) increments and
     decrements the reference count of every array argument on each call, an atomic
     operation each (about 20 cycles), which dominates a helper doing a few hundred
-    operations.  Inlined, there is no call and no reference counting."""
+    operations.  Inlined, there is no call; the reference counting of its array arguments
+    is usually pruned, but not always: in a complex caller (branches, nested inlined
+    helpers) each call may still count every array argument up and down (the row norms'
+    forward paid ~100 ns a row; ``perf`` shows two hot addresses in Numba's
+    ``NRT_incref``/``NRT_decref``).  Then write the code out in the loop, or pass
+    :func:`._simd.borrowed` views."""
     return njit(inline="always", nogil=True, error_model="numpy")(fn)
+
+
+@inlined
+def block_size(n, most):
+    """Items per block when ``n`` items are cut into at most ``most`` blocks of equal size
+    (the last one shorter): for a span kernel whose iterations are blocks of items
+    (each iteration is one span call, so fewer, larger ones cost less), called inside the
+    span to find its items ``t * block_size .. (t + 1) * block_size - 1``."""
+    return max(1, (n + most - 1) // most)
+
+
+def block_count(n, most):
+    """The number of blocks of :func:`block_size` (a span kernel's ``iterations``)."""
+    per = block_size.py_func(n, most)
+    return (n + per - 1) // per
 
 
 # --------------------------------------------------------------------------- spans

@@ -477,7 +477,8 @@ def _attend_chunks(qf, ktf, mp, vf, fp, mf, ranges, biasf, outf, wf, nb, n_q, d,
     # as plain arrays each helper call counted each of them up and down, atomically
     s, bits, span, flags = borrowed(s0), borrowed(bits0), borrowed(span0), borrowed(flags0)
     bitsf = bits.view(np.float64)
-    qb_, ktb, vb, mb_, rb = borrowed(qf), borrowed(ktf), borrowed(vf), borrowed(mf), borrowed(ranges)
+    qb_, ktb, vb = borrowed(qf), borrowed(ktf), borrowed(vf)
+    mb_, rb = borrowed(mf), borrowed(ranges)
     bb_, ob, wb, sb = borrowed(biasf), borrowed(outf), borrowed(wf), borrowed(status)
     for ch in range(t0, t1):
         for t in range(ch * total // nchunk, (ch + 1) * total // nchunk):

@@ -18,22 +18,15 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._jit import inlined, kernel, span_kernel
+from ._jit import block_count, block_size, inlined, kernel, span_kernel
 from ._simd import _I64, _VTY, _VW, _accepts, _block_columns, _data, _splat, _vptr
 
 
 # --------------------------------------------------------------------------- row norms
-def _row_tasks(rows):
-    """``(groups per block, blocks)`` of :func:`norm_rows_backward`: its ``rows // VW``
-    groups of ``VW`` rows and ``rows % VW`` single rows, in at most 32 blocks (one span
-    call each)."""
-    tasks = rows // _VW + rows % _VW
-    per = max(1, (tasks + 31) // 32)
-    return per, (tasks + per - 1) // per
-
-
-# ~1.2 ns per element on one thread: parallel from 32k elements
-@span_kernel(iterations=lambda x, y, g, w, rows, *rest: _row_tasks(rows)[1],
+# ~1.2 ns per element on one thread: parallel from 32k elements; the tasks (rows // VW
+# groups of VW rows, then rows % VW single rows) in at most 32 blocks
+@span_kernel(iterations=lambda x, y, g, w, rows, *rest: block_count(rows // _VW + rows % _VW,
+                                                                  32),
              work=lambda x, *rest: x.shape[0], scale=0.25)
 def norm_rows_backward(x, y, g, w, rows, n, eps, center, dx, t0, t1):
     """Layer norm (``center``) / RMS norm backward over ``rows`` rows of length ``n``.
@@ -51,12 +44,12 @@ def norm_rows_backward(x, y, g, w, rows, n, eps, center, dx, t0, t1):
     sum in order: the same operations per row, so the same bits, a vector add per
     column instead of ``VW`` scalar ones); the last ``rows % VW`` rows one by one.
 
-    A span kernel over blocks of those tasks (:func:`_row_tasks`): one compilation for
-    serial and parallel calls (as a ``prange`` kernel: 1.9 s, plus 0.8 s for its serial
+    A span kernel over blocks of those tasks (:func:`._jit.block_size`): one compilation
+    for serial and parallel calls (as a ``prange`` kernel: 1.9 s, plus 0.8 s for its serial
     twin, fresh cache)."""
     nq = rows // _VW
     ntask = nq + rows % _VW
-    per = max(1, (ntask + 31) // 32)            # as _row_tasks
+    per = block_size(ntask, 32)
     sums = np.empty(4 * _VW)
     inv_n = 1.0 / n
     un = np.uint64(n)

@@ -2,18 +2,12 @@
 
 import numpy as np
 
-from ._jit import span_kernel
+from ._jit import block_count, block_size, span_kernel
 
 _EXP = np.uint64(0x7FF0000000000000)
 
 
-def _blocks(n):
-    """``(rows per block, blocks)`` of :func:`gather_rows`: at most 64 blocks."""
-    per = max(1, (n + 63) // 64)
-    return per, (n + per - 1) // per
-
-
-@span_kernel(iterations=lambda table_bits, rows, out_bits, row_ok: _blocks(rows.shape[0])[1],
+@span_kernel(iterations=lambda table_bits, rows, *rest: block_count(rows.shape[0], 64),
              work=lambda table_bits, rows, out_bits, row_ok: out_bits.size)
 def gather_rows(table_bits, rows, out_bits, row_ok, t0, t1):
     """``out_bits[r] = table_bits[rows[r]]`` for every r (rows already checked to lie in
@@ -26,7 +20,7 @@ def gather_rows(table_bits, rows, out_bits, row_ok, t0, t1):
     calls, e.g. one token; one compilation for both); the result does not depend on the
     thread count (each row is written by one thread, no reduction across rows)."""
     n = rows.shape[0]
-    per = max(1, (n + 63) // 64)                # as _blocks
+    per = block_size(n, 64)                     # rows per block (at most 64 blocks)
     f = np.uint64(table_bits.shape[1])
     for r in range(t0 * per, min(n, t1 * per)):
         src = rows[r]

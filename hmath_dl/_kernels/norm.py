@@ -41,7 +41,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._jit import helper, inlined, kernel, span_kernel
+from ._jit import block_count, block_size, helper, inlined, kernel, span_kernel
 from ._simd import _VW, _data, _is_c1
 from .checks import span_finite
 from .status import NONFINITE_INPUT, OK, OVERFLOW, ZERO_SLICE
@@ -390,15 +390,9 @@ def _four_stats(x, base, n, center, acc):
     return ms, vs, ok
 
 
-def _row_blocks(rows):
-    """``(rows per block, blocks)`` of :func:`normalize_rows_affine`: a multiple of 4 rows
-    per block, at most 32 blocks (each block is one span call: 256 blocks of 4 rows cost
-    ~12 us more than 32 of 32 on two threads, 1024 rows of 64)."""
-    per = 4 * max(1, (rows + 127) // 128)
-    return per, (rows + per - 1) // per
-
-
-@span_kernel(iterations=lambda x, rows, *rest: _row_blocks(rows)[1],
+# blocks of whole groups of four rows, at most 32 blocks (each block is one span call: 256
+# blocks of 4 rows cost ~12 us more than 32 of 32 on two threads, 1024 rows of 64)
+@span_kernel(iterations=lambda x, rows, *rest: block_count((rows + 3) // 4, 32),
              work=lambda x, *rest: x.shape[0], scale=_ROW_SCALE)
 def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem, G, cpg, S,
                           check, out, status, xh, t0, t1):
@@ -429,14 +423,14 @@ def normalize_rows_affine(x, rows, n, eps, center, lanes, w, b, has_b, per_elem,
     helper, one call per four rows); a row whose sums are not finite, and the last
     ``per % 4`` rows of a block, take :func:`_group_stats` itself.
 
-    A span kernel over blocks of rows (:func:`_row_blocks`): one compilation serves the
-    serial and the parallel calls (as a ``prange`` kernel it compiled for 3.9 s plus 1.3
-    s for its serial twin; now ~1.2 s).  The row's output is written here, not in an
+    A span kernel over blocks of rows (four-row groups, :func:`._jit.block_size`): one
+    compilation serves the serial and the parallel calls (as a ``prange`` kernel it
+    compiled for 3.9 s plus 1.3 s for its serial twin; now ~1.2 s).  The row's output is written here, not in an
     inlined helper: the helper's array arguments cost an atomic reference-count increment
     and decrement each, per row (~100 ns a row; 1024 rows of 64 took 139 us on one
     thread, now 53).
     """
-    per = 4 * max(1, (rows + 127) // 128)       # rows per block, as _row_blocks
+    per = 4 * block_size((rows + 3) // 4, 32)   # rows per block
     none = (False, False, False, False)
     zero = (0.0, 0.0, 0.0, 0.0)
     acc = np.empty(4 * lanes)
