@@ -39,10 +39,13 @@ def test_every_path_equals_the_fma_chain_oracle(M, K, N, seed):
     assert G.matmul(at, bt, tiled=False).tobytes() == want
 
 
-@pytest.mark.parametrize("M,K,N", [(6, 300, 32), (13, 257, 33), (97, 130, 300), (200, 600, 70)])
+@pytest.mark.parametrize("M,K,N", [(6, 300, 32), (13, 257, 33), (97, 130, 300), (200, 600, 70),
+                                   (373, 300, 450)])
 def test_tiled_parallel_serial_and_rows_agree(M, K, N):
     """Shapes past one K chunk, one row panel and one column panel (parallel kernel) agree
-    with the serial twin and the portable kernel, bit for bit."""
+    with the serial twin and the portable kernel, bit for bit.  (373, 300, 450): several
+    row panels with a row-edge block and a column-edge tile (b packed: 450 columns are
+    not whole vectors)."""
     a, b = _rnd((M, K), 1), _rnd((K, N), 2)
     tiled = G.matmul(a, b, tiled=True)
     assert tiled.tobytes() == G.matmul(a, b, tiled=False).tobytes()
