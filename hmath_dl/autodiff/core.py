@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Mapping, Tuple
 import numpy as np
 
 from .. import _alloc, _checks
+from .._kernels import arith as _arith
 from ..errors import DomainError, ShapeError
 
 __all__ = ["ADTensor", "variable", "constant", "gradients", "unbroadcast", "VJP_RULES",
@@ -319,7 +320,12 @@ def _backward(order, pending, results):
                 continue
             key = id(p)
             prev = pending.get(key)
-            pending[key] = pg if prev is None else prev + pg
+            if prev is None:
+                pending[key] = pg
+            elif _arith.applies(prev, pg):
+                pending[key] = _arith.binary(prev, pg, False)[0]   # numpy's bits, in parallel
+            else:
+                pending[key] = prev + pg
 
 
 def gradients(output, wrt, cotangent=None) -> List[np.ndarray]:

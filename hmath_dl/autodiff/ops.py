@@ -17,7 +17,7 @@ import numbers
 import numpy as np
 
 from .. import _checks
-from .._kernels import libm
+from .._kernels import arith, libm
 from .._kernels import softmax as _sm
 from .._kernels.elementwise import (sized_derivative, sized_derivative_param,
                                      sized_forward_derivative,
@@ -59,6 +59,13 @@ def _binary(op, fname, a, b, fn, what):
     a = _ad(fname, "left operand", a)
     b = _ad(fname, "right operand", b)
     _broadcast(fname, a, b)
+    if (fn is np.add or fn is np.multiply) and arith.applies(a.value, b.value):
+        # large operands of one shape: parallel blocks, the finiteness count in the same
+        # pass (numpy's bits: IEEE sums and products are correctly rounded)
+        value, bad = arith.binary(a.value, b.value, fn is np.multiply)
+        if bad == 0:
+            return make_node(op, value, (a, b))
+        return make_node(op, _checked(fname, value, what), (a, b))    # raises
     with np.errstate(all="ignore"):
         value = np.asarray(fn(a.value, b.value), dtype=np.float64)
     return make_node(op, _checked(fname, value, what), (a, b))
@@ -445,6 +452,8 @@ def _vjp_activate(g, node, needs):
                 sized_derivative(x.size)(code, x.reshape(-1), d.reshape(-1))
             else:
                 sized_derivative_param(x.size)(code, p, x.reshape(-1), d.reshape(-1))
+    if arith.applies(g, d):
+        return (arith.binary(g, d, True)[0],)
     return (g * d,)
 
 
