@@ -95,3 +95,12 @@ def test_activation_vjp_is_g_times_the_derivative():
         x = ad.variable(xv)
         (gx,) = ad.gradients(ad.activate(act, x), [x], gv)
         assert gx.tobytes() == (gv * d.reshape(xv.shape)).tobytes()
+
+
+def test_add_and_multiply_fall_back_to_numpy_where_binary_does_not_apply():
+    a, b = _operands(arith.MIN_SIZE + 5, 11)
+    small, col = a[:100].copy(), a[:100].reshape(100, 1)
+    with np.errstate(all="ignore"):
+        for x, y in ((a, b), (small, b[:100]), (small.reshape(1, 100), col)):
+            assert arith.add(x, y).tobytes() == (x + y).tobytes()
+            assert arith.multiply(x, y).tobytes() == (x * y).tobytes()

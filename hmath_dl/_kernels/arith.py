@@ -61,3 +61,13 @@ def binary(a, b, mul):
     bad = np.zeros(block_count(n, _BLOCKS), dtype=np.int64)
     _blocks(readonly(a.reshape(-1)), readonly(b.reshape(-1)), out.reshape(-1), bool(mul), bad)
     return out, int(bad.sum())
+
+
+def add(a, b):
+    """``a + b``: by :func:`binary` when it :func:`applies`, else numpy's (same bits)."""
+    return binary(a, b, False)[0] if applies(a, b) else a + b
+
+
+def multiply(a, b):
+    """``a * b``: by :func:`binary` when it :func:`applies`, else numpy's (same bits)."""
+    return binary(a, b, True)[0] if applies(a, b) else a * b

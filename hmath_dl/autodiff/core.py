@@ -320,12 +320,7 @@ def _backward(order, pending, results):
                 continue
             key = id(p)
             prev = pending.get(key)
-            if prev is None:
-                pending[key] = pg
-            elif _arith.applies(prev, pg):
-                pending[key] = _arith.binary(prev, pg, False)[0]   # numpy's bits, in parallel
-            else:
-                pending[key] = prev + pg
+            pending[key] = pg if prev is None else _arith.add(prev, pg)
 
 
 def gradients(output, wrt, cotangent=None) -> List[np.ndarray]:

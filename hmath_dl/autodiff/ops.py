@@ -63,12 +63,12 @@ def _binary(op, fname, a, b, fn, what):
         # large operands of one shape: parallel blocks, the finiteness count in the same
         # pass (numpy's bits: IEEE sums and products are correctly rounded)
         value, bad = arith.binary(a.value, b.value, fn is np.multiply)
-        if bad == 0:
-            return make_node(op, value, (a, b))
-        return make_node(op, _checked(fname, value, what), (a, b))    # raises
-    with np.errstate(all="ignore"):
-        value = np.asarray(fn(a.value, b.value), dtype=np.float64)
-    return make_node(op, _checked(fname, value, what), (a, b))
+        counted = bad == 0
+    else:
+        with np.errstate(all="ignore"):
+            value = np.asarray(fn(a.value, b.value), dtype=np.float64)
+        counted = False
+    return make_node(op, value if counted else _checked(fname, value, what), (a, b))
 
 
 def _add(a, b):
@@ -452,9 +452,7 @@ def _vjp_activate(g, node, needs):
                 sized_derivative(x.size)(code, x.reshape(-1), d.reshape(-1))
             else:
                 sized_derivative_param(x.size)(code, p, x.reshape(-1), d.reshape(-1))
-    if arith.applies(g, d):
-        return (arith.binary(g, d, True)[0],)
-    return (g * d,)
+    return (arith.multiply(g, d),)
 
 
 # =========================================================================== reductions
