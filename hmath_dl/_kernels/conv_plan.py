@@ -188,64 +188,104 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     windows would exceed ``_FUSE_WINDOW`` elements; ``rows`` and ``wide`` run at stride 1
     on a padded copy or on the stride phases.
 
+    Everything decided from the shapes alone (the path, the geometry, the rows per
+    iteration) comes from :func:`_forward_plan`, computed once per shape, options, forced
+    path and thread count: a training loop calls the same convolutions every step, and
+    deciding again cost about as much Python as the rest of the call.
+
     Returns ``(finite, x_finite)``: whether every output is finite when the kernel checked
     it (the tiled paths), else None; whether every element of ``x5`` is finite when a
     kernel copied them all and checked them, else None."""
-    Cout, Cg = w5.shape[:2]
-    Cog = Cout // groups
-    fmas = out5.size * (w5.size // Cout)
-    S, K3 = x5.shape[2:], w5.shape[2:]
-    OD, OH, OW = out5.shape[2:]
-    strided_or_padded = bool(any(pads) or s != (1, 1, 1))
-    path = forward_path(Cog, Cg, K3, OW, strided_or_padded, padded=any(pads), O=(OD, OH, OW),
-                        N=out5.shape[0], strided=s != (1, 1, 1))
+    plan = _forward_plan(x5.shape, w5.shape, groups, s, d, pads, _forced["forward"],
+                         numba.get_num_threads())
+    path = plan[0]
     if path == "batch":
         return conv_batch.forward(x5, w5, b, has_bias, groups, s, d, pads, out5), None
     if path == "gemm":
         ok, x_ok = conv_gemm.conv_gemm(x5, w5, b, has_bias, groups, s, d, pads, out5)
         return bool(ok), x_ok
-    rpi = _rows_per_iteration(out5.shape[0] * groups * OD, OH, OW)
+    fmas, Cout, Cog = plan[1], plan[2], plan[3]
     bvec = b if has_bias else np.zeros(Cout, dtype=np.float64)
     if path == "rows_fused":
-        R, KDe, Wr, used, loffs, offs, maxoff, covers = _window_geometry(
-            S, K3, s, d, pads, out5.shape[2:], groups, Cg, rpi)
-        if Cg * len(used[0]) * len(used[1]) * len(used[2]) * KDe * R * Wr <= _FUSE_WINDOW:
-            ok, x_ok = conv_forward_rows(
-                fmas, x5, np.array(pads, dtype=np.int64), np.array(s, dtype=np.int64), *used, R, KDe,
-                Wr, loffs, _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
-                _cv_weights(w5.reshape(Cout, -1), groups, OW), offs, maxoff, bvec, has_bias,
-                Cog, rpi, out5)
-            return bool(ok), (bool(x_ok) if covers else None)
-        path = "rows"
+        pads_a, s_a, used, R, KDe, Wr, loffs, offs, maxoff, covers, rpi = plan[4]
+        w2 = w5.reshape(Cout, -1)
+        ok, x_ok = conv_forward_rows(
+            fmas, x5, pads_a, s_a, *used, R, KDe, Wr, loffs,
+            _pack_weights(w2, groups, _ROW_CB), _cv_weights(w2, groups, out5.shape[4]), offs,
+            maxoff, bvec, has_bias, Cog, rpi, out5)
+        return bool(ok), (bool(x_ok) if covers else None)
     if path == "generic":
         conv_forward.sized(fmas)(
             _padded(x5, pads), w5, b, has_bias, groups, s[0], s[1], s[2], d[0], d[1], d[2], out5)
         return None, None
+    split, geo, rpi = plan[4]
     x_ok = None
-    if s != (1, 1, 1):
+    if split is not None:
         # pad and split into the stride phases that are read, then correlate at stride 1
-        used = _used_residues(K3, s, d)
-        P = len(used[0]) * len(used[1]) * len(used[2])
-        grid = tuple(-(-(S[a] + 2 * pads[a]) // s[a]) for a in range(3))
-        xp = _slack_empty((x5.shape[0], x5.shape[1] * P) + grid)
-        copied = pad_split(
-            x5, pads[0], pads[1], pads[2], s[0], s[1], s[2],
-            *(np.asarray(u, dtype=np.int64) for u in used), xp)
+        used_a, xp_shape, every = split
+        xp = _slack_empty((x5.shape[0],) + xp_shape)
+        copied = pad_split(x5, pads[0], pads[1], pads[2], s[0], s[1], s[2], *used_a, xp)
         # every residue used: the split copied (and checked) every element of x
-        x_ok = bool(copied) if P == s[0] * s[1] * s[2] else None
+        x_ok = bool(copied) if every else None
     else:
         xp = _padded(x5, pads, slack=path == "wide")
-    geo = _forward_geometry(xp.shape[2:], K3, d, groups, Cg, Cog, out5.shape[2:], s)
+    w2 = w5.reshape(Cout, -1)
     if path == "rows":
         # row tiles stored straight into the output
         ok, _ = conv_forward_rows(
             fmas, xp, _ZEROS3, _ONES3, _ZEROS1, _ZEROS1, _ZEROS1, 0, 1, xp.shape[4], _NO_OFFS,
-            _pack_weights(w5.reshape(Cout, -1), groups, _ROW_CB),
-            _cv_weights(w5.reshape(Cout, -1), groups, OW), geo[0], geo[1], bvec, has_bias, Cog,
-            rpi, out5)
+            _pack_weights(w2, groups, _ROW_CB), _cv_weights(w2, groups, out5.shape[4]),
+            geo[0], geo[1], bvec, has_bias, Cog, rpi, out5)
         return bool(ok), x_ok
-    return _launch_tiled(xp, _pack_weights(w5.reshape(Cout, -1), groups, _tile_cb(Cog)), Cog,
-                         geo, b, has_bias, out5, fmas), x_ok
+    return _launch_tiled(xp, _pack_weights(w2, groups, _tile_cb(Cog)), Cog, geo, b, has_bias,
+                         out5, fmas), x_ok
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_plan(xshape, wshape, groups, s, d, pads, forced, threads):
+    """What :func:`_launch_forward` decides from the shapes (rank 5), groups, strides,
+    dilations and padding (the forced path and the thread count are part of the key: the
+    path and the rows per iteration depend on them): ``(path,)`` for ``batch`` and
+    ``gemm``; else ``(path, fmas, Cout, Cog, extra)`` with ``extra`` the fused windows'
+    arguments (``rows_fused``), ``(split, geo, rpi)`` (``rows``, ``wide``: the stride
+    phases' residues, shape and whether every phase is used, or None at stride 1; the
+    geometry; the rows per iteration), or None (``generic``)."""
+    Cout, Cg = wshape[:2]
+    Cog = Cout // groups
+    N = xshape[0]
+    OD, OH, OW = (tuple((xshape[2 + a] + 2 * pads[a] - d[a] * (wshape[2 + a] - 1) - 1) // s[a]
+                        + 1 for a in range(3)))
+    fmas = N * Cout * OD * OH * OW * (Cg * wshape[2] * wshape[3] * wshape[4])
+    S, K3 = xshape[2:], wshape[2:]
+    strided_or_padded = bool(any(pads) or s != (1, 1, 1))
+    path = forward_path(Cog, Cg, K3, OW, strided_or_padded, padded=any(pads), O=(OD, OH, OW),
+                        N=N, strided=s != (1, 1, 1))
+    if path in ("batch", "gemm"):
+        return (path,)
+    rpi = _rows_per_iteration(N * groups * OD, OH, OW)
+    if path == "rows_fused":
+        R, KDe, Wr, used, loffs, offs, maxoff, covers = _window_geometry(
+            S, K3, s, d, pads, (OD, OH, OW), groups, Cg, rpi)
+        if Cg * len(used[0]) * len(used[1]) * len(used[2]) * KDe * R * Wr <= _FUSE_WINDOW:
+            return (path, fmas, Cout, Cog,
+                    _frozen(pads, s) + (used, R, KDe, Wr, loffs, offs, maxoff, covers, rpi))
+        path = "rows"
+    if path == "generic":
+        return (path, fmas, Cout, Cog, None)
+    split = None
+    if s != (1, 1, 1):
+        used = _used_residues(K3, s, d)
+        P = len(used[0]) * len(used[1]) * len(used[2])
+        grid = tuple(-(-(S[a] + 2 * pads[a]) // s[a]) for a in range(3))
+        # (writeable int64 arrays, as conv_gemm passes them to pad_split: one compiled
+        # type; private to the plan, and the kernel only reads them)
+        split = (tuple(np.asarray(u, dtype=np.int64) for u in used), (xshape[1] * P,) + grid,
+                 P == s[0] * s[1] * s[2])
+        gshape = grid
+    else:
+        gshape = tuple(S[a] + 2 * pads[a] for a in range(3))
+    geo = _forward_geometry(gshape, K3, d, groups, Cg, Cog, (OD, OH, OW), s)
+    return (path, fmas, Cout, Cog, (split, geo, rpi))
 
 
 def _rows_per_iteration(planes, OH, OW):
@@ -347,25 +387,45 @@ def conv_nd(x, w, bias, stride, padding, dilation, groups, out=None, report_fini
     every element of ``x`` as it copied it (the row kernel with fused padding; the
     stride-phase split when every phase is used), else None.
     """
-    r = x.ndim - 2
-    s = views.pad3(stride, 1)
-    p = views.pad3(padding, 0)
-    d = views.pad3(dilation, 1)
-    x5 = views.writeable5(x)
-    w5 = views.writeable5(w)
-    N, Cin = x5.shape[:2]
-    S = x5.shape[2:]
-    K = w5.shape[2:]
-    O = tuple((S[a] + 2 * p[a] - d[a] * (K[a] - 1) - 1) // s[a] + 1 for a in range(3))
-    shape = (N, w.shape[0]) + O[3 - r:]
+    s, p, d, x5shape, w5shape, shape, out5shape = _nd_shapes(x.shape, w.shape, stride, padding,
+                                                             dilation)
+    # (writeable5: the kernels take writeable inputs, one compiled type)
+    x5 = (x if x.flags.writeable else x.copy()).reshape(x5shape)
+    w5 = (w if w.flags.writeable else w.copy()).reshape(w5shape)
     if out is None:
         out = np.empty(shape, dtype=np.float64)
     b = np.array(bias, dtype=np.float64) if bias is not None else np.zeros(1, dtype=np.float64)
     finite = x_finite = None
     if out.size:
         finite, x_finite = _launch_forward(x5, w5, b, bias is not None, int(groups), s, d,
-                                           views.out5(out), p)
+                                           out.reshape(out5shape), p)
     return (out, finite, x_finite) if report_finite else out
+
+
+def _nd_shapes(xshape, wshape, stride, padding, dilation):
+    """``(s, p, d, x5shape, w5shape, out_shape, out5shape)`` of :func:`conv_nd`: the
+    per-axis tuples padded to 3 axes, the rank-5 views' shapes and the output's shape
+    (remembered per arguments when they are hashable: a training loop repeats them)."""
+    try:
+        return _nd_shapes_cached(xshape, wshape, stride, padding, dilation)
+    except TypeError:          # a list among the per-axis arguments
+        return _nd_shapes_uncached(xshape, wshape, stride, padding, dilation)
+
+
+def _nd_shapes_uncached(xshape, wshape, stride, padding, dilation):
+    r = len(xshape) - 2
+    s = views.pad3(stride, 1)
+    p = views.pad3(padding, 0)
+    d = views.pad3(dilation, 1)
+    x5shape = views._rank5_shape(xshape)
+    w5shape = views._rank5_shape(wshape)
+    S, K = x5shape[2:], w5shape[2:]
+    O = tuple((S[a] + 2 * p[a] - d[a] * (K[a] - 1) - 1) // s[a] + 1 for a in range(3))
+    shape = (xshape[0], wshape[0]) + O[3 - r:]
+    return s, p, d, x5shape, w5shape, shape, views._rank5_shape(shape)
+
+
+_nd_shapes_cached = functools.lru_cache(maxsize=256)(_nd_shapes_uncached)
 
 
 def _phase_taps(K, s, d):
