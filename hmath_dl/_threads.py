@@ -1,5 +1,7 @@
-"""Threading: which of Numba's threading layers runs the kernels, and what happens after
-``fork()``.
+"""Threading: which of Numba's threading layers runs the ``prange`` kernels, and what
+happens after ``fork()``.  (The span kernels run on the package's own worker pool,
+:mod:`hmath_dl._kernels._pool`, unless ``HMATH_DL_POOL=0``; it starts its threads again in
+a forked child and follows the serial-after-an-unsafe-fork rule below like every kernel.)
 
 The choice (README, "Reliability notes"):
 

@@ -31,6 +31,10 @@ variable                       default      effect
                                             arrays under 32 MiB in the heap for reuse, and
                                             larger outputs' blocks in a pool of up to 256
                                             MiB: ``hmath_dl/_alloc.py``)
+``HMATH_DL_POOL``              (empty)      ``0``: parallel span kernels run as a ``prange``
+                                            on Numba's threading layer instead of on the
+                                            package's spinning worker pool
+                                            (``hmath_dl/_kernels/_pool.py``); same bits
 =============================  ===========  =================================================
 
 Numba's own variables (``NUMBA_NUM_THREADS``, ``NUMBA_THREADING_LAYER``,
@@ -157,7 +161,7 @@ from __future__ import annotations
 import os
 
 __all__ = ["KERNELS", "INT8_KERNEL", "CACHE_ENABLED", "SERIAL_WORK",
-           "MAX_ALLOC_BYTES", "QUIET", "MALLOC", "VARIABLES", "describe", "THRESHOLDS",
+           "MAX_ALLOC_BYTES", "QUIET", "MALLOC", "POOL", "VARIABLES", "describe", "THRESHOLDS",
            "thresholds", "describe_thresholds"]
 
 
@@ -177,6 +181,7 @@ SERIAL_WORK = _int("HMATH_DL_SERIAL_WORK", 1 << 17)
 MAX_ALLOC_BYTES = _int("HMATH_DL_MAX_ALLOC_BYTES", 1 << 34)
 QUIET = os.environ.get("HMATH_DL_QUIET", "") not in ("", "0")
 MALLOC = os.environ.get("HMATH_DL_MALLOC", "").strip().lower()
+POOL = os.environ.get("HMATH_DL_POOL", "").strip() in ("", "1")
 
 #: name -> value in force, for ``python -m hmath_dl.info --config`` and bug reports.
 VARIABLES = {
@@ -187,6 +192,7 @@ VARIABLES = {
     "HMATH_DL_MAX_ALLOC_BYTES": MAX_ALLOC_BYTES,
     "HMATH_DL_QUIET": QUIET,
     "HMATH_DL_MALLOC": MALLOC,
+    "HMATH_DL_POOL": POOL,
 }
 
 

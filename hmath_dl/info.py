@@ -38,10 +38,11 @@ def info_line() -> str:
     import numpy as np
 
     from . import __version__, _alloc, _threads
-    from ._kernels import _cpu, checks
+    from ._kernels import _cpu, _pool, checks
 
     checks.thread_probe(np.empty(4 * max(1, numba.get_num_threads()), dtype=np.int64))
-    return (f"hmath_dl {__version__} | numba {numba.__version__} | threading "
+    pool = "hmath_dl pool + " if _pool.enabled() else ""
+    return (f"hmath_dl {__version__} | numba {numba.__version__} | threading {pool}"
             f"{_threads.threading_layer()}, {numba.get_num_threads()} threads | kernels "
             f"{_cpu.describe()} | cache {_cache_dir()} | malloc {_alloc.STATE}")
 

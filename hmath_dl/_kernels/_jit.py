@@ -46,9 +46,10 @@ several such libraries (the ``prange`` body, two gufunc wrappers, the function):
 kernel body was compiled three to four times for its parallel compilation and once more
 for its twin.  A :class:`SpanKernel` is written as a serial helper over a span of
 iterations; its parallel path is the one generic driver :func:`_drive` (compiled once for
-the whole package: its arguments are three integers), which calls the helper through its
-address, so the helper is compiled once for both paths, and a call with little work
-compiles nothing else.  Per argument-tuple type only :func:`_launch` is compiled, a serial
+the whole package: its arguments are three integers) -- or, by default, the package's
+worker pool (:mod:`._pool`) -- which calls the helper through its address, so the helper
+is compiled once for both paths, and a call with little work compiles nothing else.  Per
+argument-tuple type only :func:`_launch` (:func:`_launch_pool`) is compiled, a serial
 function of a few dozen instructions.
 
 Numba's ``parallel`` option is restricted to explicit ``prange`` loops
@@ -618,6 +619,16 @@ def _launch(args, n, span, drive):
 
 
 _launch = _jit(_launch, parallel=False)
+
+
+def _launch_pool(args, n, span, base, part):
+    """As :func:`_launch`, on the worker pool (:mod:`._pool`) whose control block is at
+    ``base``, with ``part`` threads taking part."""
+    p, tramp = _stash(args, span)
+    _pool._run(base, p, n, tramp, part)
+
+
+_launch_pool = _jit(_launch_pool, parallel=False)
 _DRIVE = []   # the address of _drive's native entry point, once compiled
 
 
@@ -651,8 +662,9 @@ class SpanKernel:
 
     :meth:`run` ``(n, work, *args)`` runs the ``n`` iterations: the span helper over all
     of them in one call for little ``work`` (below ``SERIAL_WORK * scale``, or always in
-    a child of an unsafe fork: the policy of :meth:`Kernel.sized`), else ``prange`` over
-    them, each calling the helper through its address.  A small call compiles only the
+    a child of an unsafe fork: the policy of :meth:`Kernel.sized`), else in parallel on
+    the worker pool (:mod:`._pool`; with ``HMATH_DL_POOL=0`` a ``prange`` on Numba's
+    threading layer), each task calling the helper through its address.  A small call compiles only the
     helper; a large one adds the tiny driver.  Called as ``k(*args)`` (or
     ``k.sized(work)(*args)``) it is used like a :class:`Kernel`: ``iterations(*args)``
     gives ``n`` and ``work(*args)`` the work (without ``work``: parallel)."""
@@ -697,6 +709,8 @@ class SpanKernel:
             return
         if _threads._SERIAL_ONLY or runs_serial(work < self.limit) or n == 1:
             self.span(*args, 0, n)
+        elif _POOL_ON:
+            _pool.run(_launch_pool, args, n, self.address(args), _get_num_threads())
         else:
             _launch(args, n, self.address(args), _drive_address())
 
@@ -723,3 +737,8 @@ def span_kernel(iterations=None, work=None, scale=1):
     ``iterations(*args)`` the number of iterations, ``work(*args)`` a call's work in
     units of ``SERIAL_WORK * scale``."""
     return lambda fn: SpanKernel(_jit(fn, parallel=False), iterations, work, scale)
+
+
+from numba import get_num_threads as _get_num_threads  # noqa: E402
+from ..config import POOL as _POOL_ON  # noqa: E402
+from . import _pool  # noqa: E402  (it imports _call3 / _try3 from here)

@@ -18,7 +18,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._jit import block_count, block_size, inlined, kernel, span_kernel
+from ._jit import block_count, block_size, helper, inlined, kernel, span_kernel
 from ._simd import _I64, _VTY, _VW, _accepts, _block_columns, _data, _splat, _vptr
 
 
@@ -249,16 +249,12 @@ def batch_norm_backward(x, g, N, C, S, eps, gamma, training, run_mean, run_var,
 
 
 # --------------------------------------------------------------------------- embedding
-@kernel
-def embedding_backward(indices, g, V, dw):
-    """``dw[v] = sum over positions i with indices[i] == v of g[i]`` (``g [L, F]``,
-    ``dw [V, F]``), summed in increasing ``i``.
-
-    A serial counting sort groups the positions by row (stable), then the rows are
-    processed in parallel: every ``prange`` iteration owns one row of ``dw``.
-    """
+@helper
+def _embedding_groups(indices, V):
+    """``(start, order)``: the positions ``0 .. L-1`` grouped by their row (a stable
+    counting sort): row ``v``'s positions, in increasing order, are
+    ``order[start[v]:start[v + 1]]``."""
     L = indices.shape[0]
-    F = g.shape[1]
     start = np.zeros(V + 1, dtype=np.int64)
     for i in range(L):
         start[indices[i] + 1] += 1
@@ -270,7 +266,15 @@ def embedding_backward(indices, g, V, dw):
         v = indices[i]
         order[fill[v]] = i
         fill[v] += 1
-    for v in prange(V):
+    return start, order
+
+
+@span_kernel(iterations=lambda g, start, order, dw: dw.shape[0],
+             work=lambda g, start, order, dw: g.size + dw.size)
+def _embedding_rows(g, start, order, dw, v0, v1):
+    """Rows ``v0 .. v1-1`` of :func:`embedding_backward` (each row summed on its own)."""
+    F = g.shape[1]
+    for v in range(v0, v1):
         row = dw[v]
         for f in range(F):
             row[f] = 0.0
@@ -278,6 +282,18 @@ def embedding_backward(indices, g, V, dw):
             gi = g[order[p]]
             for f in range(F):
                 row[f] += gi[f]
+
+
+def embedding_backward(indices, g, V, dw):
+    """``dw[v] = sum over positions i with indices[i] == v of g[i]`` (``g [L, F]``,
+    ``dw [V, F]``), summed in increasing ``i``.
+
+    A serial counting sort groups the positions by row (stable), then the rows are
+    processed in parallel (a span kernel over the rows): each row of ``dw`` is summed
+    by one task, in increasing position order, so the bits do not depend on the schedule.
+    """
+    start, order = _embedding_groups(indices, V)
+    _embedding_rows(g, start, order, dw)
 
 
 # --------------------------------------------------------------------------- convolution

@@ -570,28 +570,31 @@ def _fwd_der_fast_span_template(xs, os, ds):
     return nb
 
 
-def _drive2_template(x_flat, out_flat):
+def _drive2_template(x_flat, out_flat, bad, c0, c1):
+    """Chunks ``c0 .. c1-1`` of ``_CHUNK`` elements: ``bad[c]`` = the chunk's non-finite
+    inputs.  A span kernel (:func:`._jit.span_kernel`): the serial and the parallel
+    schedule run this same compiled body."""
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
         bad[c] = _SPAN(x_flat[lo:hi], out_flat[lo:hi])
-    return _none(bad)
 
 
-def _drive3_template(x_flat, out_flat, d_flat):
+def _drive3_template(x_flat, out_flat, d_flat, bad, c0, c1):
+    """As :func:`_drive2_template`, with the derivative written to ``d_flat``."""
     n = x_flat.shape[0]
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunks, dtype=np.int64)
-    for c in prange(nchunks):
+    for c in range(c0, c1):
         lo = c * _CHUNK
         hi = min(lo + _CHUNK, n)
         _wide()
         bad[c] = _SPAN(x_flat[lo:hi], out_flat[lo:hi], d_flat[lo:hi])
-    return _none(bad)
+
+
+def _chunks(x_flat):
+    """A zeroed per-chunk count array for the span kernels above."""
+    return np.zeros((x_flat.shape[0] + _CHUNK - 1) // _CHUNK, dtype=np.int64)
 
 
 def _pfwd_template(p, x_flat, out_flat):
@@ -719,11 +722,12 @@ def _entries(code, name, fwd, der, fd):
     _SPAN_FWD[code] = fwd
     _SPAN_DER[code] = der
     _SPAN_FWD_DER[code] = fd
-    _FORWARD[code] = kernel(_clone(_drive2_template, "activation_forward_" + name,
-                                   _SPAN=fwd))
-    _DERIVATIVE[code] = kernel(_clone(_drive2_template, "activation_derivative_" + name,
-                                      _SPAN=der))
-    _FORWARD_DERIVATIVE[code] = kernel(_clone(
+    spans = span_kernel(iterations=lambda *args: args[-1].shape[0])
+    _FORWARD[code] = spans(_clone(_drive2_template, "activation_forward_" + name,
+                                  _SPAN=fwd))
+    _DERIVATIVE[code] = spans(_clone(_drive2_template, "activation_derivative_" + name,
+                                     _SPAN=der))
+    _FORWARD_DERIVATIVE[code] = spans(_clone(
         _drive3_template, "activation_forward_derivative_" + name, _SPAN=fd))
 
 
@@ -780,23 +784,22 @@ def _inputs_finite(x_flat):
 
 
 # --------------------------------------------------------------------------- public entries
-def _run(table, code, serial, *args):
-    k = table[code]
-    return bool(k.serial(*args) if serial else k(*args))
-
-
 def activation_forward(code, x_flat, out_flat):
     """``out_flat[i] = f_code(x_flat[i])``; True iff every input is finite (see module doc)."""
     if code not in _FORWARD:
         return bool(_inputs_finite(x_flat))
-    return bool(_FORWARD[code](x_flat, out_flat))
+    bad = _chunks(x_flat)
+    _FORWARD[code](x_flat, out_flat, bad)
+    return bool(_none(bad))
 
 
 def activation_derivative(code, x_flat, out_flat):
     """``out_flat[i] = f_code'(x_flat[i])``; True iff every input is finite (see module doc)."""
     if code not in _DERIVATIVE:
         return bool(_inputs_finite(x_flat))
-    return bool(_DERIVATIVE[code](x_flat, out_flat))
+    bad = _chunks(x_flat)
+    _DERIVATIVE[code](x_flat, out_flat, bad)
+    return bool(_none(bad))
 
 
 def activation_forward_derivative(code, x_flat, out_flat, d_flat):
@@ -806,7 +809,9 @@ def activation_forward_derivative(code, x_flat, out_flat, d_flat):
     finite."""
     if code not in _FORWARD_DERIVATIVE:
         return bool(_inputs_finite(x_flat))
-    return bool(_FORWARD_DERIVATIVE[code](x_flat, out_flat, d_flat))
+    bad = _chunks(x_flat)
+    _FORWARD_DERIVATIVE[code](x_flat, out_flat, d_flat, bad)
+    return bool(_none(bad))
 
 
 def activation_forward_serial(code, x_flat, out_flat):
