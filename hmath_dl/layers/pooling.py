@@ -190,8 +190,29 @@ def _adaptive_axis(S, O):
 
 def _window_plan(fname, mode, window, stride, padding, x, dilation, ceil_mode,
                  count_include_pad, divisor_override):
-    """Check the window parameters against ``x [N, C, *S]``; return ``(O, axes)``."""
-    rank = x.ndim - 2
+    """Check the window parameters against ``x [N, C, *S]``; return ``(O, axes)``.
+    Remembered per arguments and input shape when they are hashable (a network calls the
+    same poolings every step; a call that raises is not remembered, so it raises again)."""
+    key = (fname, mode, window, stride, padding, x.shape, dilation, ceil_mode,
+           count_include_pad, divisor_override)
+    try:
+        hit = _PLANS.get(key)
+    except TypeError:        # a list among the arguments
+        return _window_plan_uncached(*key)
+    if hit is None:
+        hit = _window_plan_uncached(*key)
+        if len(_PLANS) >= 1024:
+            _PLANS.clear()
+        _PLANS[key] = hit
+    return hit
+
+
+_PLANS = {}
+
+
+def _window_plan_uncached(fname, mode, window, stride, padding, shape, dilation, ceil_mode,
+                          count_include_pad, divisor_override):
+    rank = len(shape) - 2
     k = _checks.int_tuple(fname, "window", window, rank, min=1)
     s = _checks.int_tuple(fname, "stride", stride, rank, min=1)
     p = _checks.int_tuple(fname, "padding", padding, rank, min=0)
@@ -209,7 +230,7 @@ def _window_plan(fname, mode, window, stride, padding, x, dilation, ceil_mode,
     if is_max and divisor_override is not None:
         raise DomainError(f"{fname}: divisor_override applies to AVERAGE pooling only "
                           f"(got mode MAX, divisor_override {divisor_override})")
-    S = x.shape[2:]
+    S = shape[2:]
     O = []
     for a in range(rank):
         num = S[a] + 2 * p[a] - d[a] * (k[a] - 1) - 1
@@ -227,7 +248,7 @@ def _window_plan(fname, mode, window, stride, padding, x, dilation, ceil_mode,
                 f"expected >= 1)")
         O.append(o)
     O = tuple(O)
-    _checks.check_size(fname, x.shape[:2] + O)
+    _checks.check_size(fname, shape[:2] + O)
     _checks.check_size(fname, O)      # the per-axis bound arrays, even for an empty batch
     lets_empty = not is_max and (count_include_pad or divisor_override is not None)
     axes = []
@@ -247,7 +268,7 @@ def _window_plan(fname, mode, window, stride, padding, x, dilation, ceil_mode,
         if divisor_override is not None:
             count = _constant(O[a], divisor_override if a == 0 else 1)
         axes.append((lo, hi, d[a], count))
-    return O, axes
+    return O, tuple(axes)
 
 
 def _pooling(fname, mode, window, stride, padding, x, dilation=None, ceil_mode=False,
