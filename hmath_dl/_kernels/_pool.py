@@ -119,14 +119,19 @@ def _cas(typingctx, base, k, expect, new):
     return nbtypes.int64(nbtypes.int64, nbtypes.int64, nbtypes.int64, nbtypes.int64), codegen
 
 
+def _emit_pause(builder):
+    """The x86 ``pause`` hint (nothing on other targets)."""
+    if _X86:
+        fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause",
+                                              fnty=ir.FunctionType(ir.VoidType(), []))
+        builder.call(fn, [])
+
+
 @intrinsic
 def _pause(typingctx):
     """The x86 ``pause`` hint in a polling loop (nothing on other targets)."""
     def codegen(context, builder, sig, args):
-        if _X86:
-            fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(
-                ir.VoidType(), []))
-            builder.call(fn, [])
+        _emit_pause(builder)
         return context.get_dummy_value()
     return nbtypes.none(), codegen
 
@@ -140,15 +145,13 @@ def _yield(typingctx):
     Numba's threading layer running a ``prange`` kernel -- takes over); else ``pause``."""
     def codegen(context, builder, sig, args):
         if _HAS_YIELD:
-            fnty = ir.FunctionType(ir.IntType(32), [])
             fn = builder.module.globals.get("sched_yield")
             if fn is None:
-                fn = ir.Function(builder.module, fnty, name="sched_yield")
+                fn = ir.Function(builder.module, ir.FunctionType(ir.IntType(32), []),
+                                 name="sched_yield")
             builder.call(fn, [])
-        elif _X86:
-            fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(
-                ir.VoidType(), []))
-            builder.call(fn, [])
+        else:
+            _emit_pause(builder)
         return context.get_dummy_value()
     return nbtypes.none(), codegen
 
