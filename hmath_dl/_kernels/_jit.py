@@ -710,7 +710,7 @@ class SpanKernel:
         if _threads._SERIAL_ONLY or runs_serial(work < self.limit) or n == 1:
             self.span(*args, 0, n)
         elif _POOL_ON:
-            _pool.run(_launch_pool, args, n, self.address(args), _get_num_threads())
+            _pool.run(_launch_pool, args, n, self.address(args), num_threads())
         else:
             _launch(args, n, self.address(args), _drive_address())
 
@@ -739,6 +739,23 @@ def span_kernel(iterations=None, work=None, scale=1):
     return lambda fn: SpanKernel(_jit(fn, parallel=False), iterations, work, scale)
 
 
+def num_threads():
+    """``numba.get_num_threads()`` in a fraction of its time once Numba's threading layer
+    has started (it then reads the calling thread's setting directly; the public function
+    takes a lock and checks the layer on every call, ~0.55 us, and the GEMM and every
+    pool launch ask).  Falls back to the public function before the layer starts and on
+    a Numba without these internals."""
+    if _NT:
+        return _NT[0]()
+    n = _get_num_threads()           # starts the layer if needed
+    raw = getattr(_nparallel, "_get_num_threads", None)
+    if raw is not None and getattr(_nparallel, "_is_initialized", False) and raw() == n:
+        _NT.append(raw)
+    return n
+
+
+_NT = []          # Numba's raw per-thread reader, once the layer has started
+from numba.np.ufunc import parallel as _nparallel  # noqa: E402
 from numba import get_num_threads as _get_num_threads  # noqa: E402
 from ..config import POOL as _POOL_ON  # noqa: E402
 from . import _pool  # noqa: E402  (it imports _call3 / _try3 from here)

@@ -26,6 +26,7 @@ import numba
 import numpy as np
 
 from . import _cpu, conv_batch, conv_gemm, views
+from ._jit import num_threads
 from ._plan import forcing
 from ._simd import _VW, _WIDE512
 from .conv import (_ROW_CB, _cv_weights, _frozen, _geometry, _launch_tiled,
@@ -197,7 +198,7 @@ def _launch_forward(x5, w5, b, has_bias, groups, s, d, out5, pads):
     it (the tiled paths), else None; whether every element of ``x5`` is finite when a
     kernel copied them all and checked them, else None."""
     plan = _forward_plan(x5.shape, w5.shape, groups, s, d, pads, _forced["forward"],
-                         numba.get_num_threads())
+                         num_threads())
     path = plan[0]
     if path == "batch":
         return conv_batch.forward(x5, w5, b, has_bias, groups, s, d, pads, out5), None

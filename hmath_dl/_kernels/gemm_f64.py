@@ -31,7 +31,7 @@ from numba import prange
 
 from .. import _alloc
 from ._cpu import machine
-from ._jit import helper, inlined, kernel, runs_serial, span_kernel
+from ._jit import helper, inlined, kernel, num_threads, runs_serial, span_kernel
 from ._simd import _ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block
 from .views import readonly
 
@@ -568,7 +568,7 @@ def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_
     ``count`` and ``bias``: not counted).  K > 0."""
     mode = (0 if count else 3) if bias is None else 1 + int(bias_axis)
     small = runs_serial(nb * M * N * K < _SERIAL_FMAS)
-    pm, pn, tasks = _tasks(M, N, T, nb, 1 if small else numba.get_num_threads())
+    pm, pn, tasks = _tasks(M, N, T, nb, 1 if small else num_threads())
     bad = np.zeros(tasks, dtype=np.int64)
     if a_where is None:     # read-only views: one compiled type for both forms of a
         a_where = (readonly(apk), K * _CB, _CB, 1, readonly(apk[:0]))
