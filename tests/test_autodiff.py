@@ -354,6 +354,29 @@ def test_cross_entropy(seed, b, c):
     ad.check_gradients(lambda v: ad.cross_entropy(v, labels.tolist()), [x])
 
 
+def test_cross_entropy_sums_the_picked_log_probabilities_in_batch_order():
+    """The loss is ``-(sum over b, increasing, from +0.0, of log_softmax(x)[b, y[b]]) / B``
+    bit for bit: the picked values (taken from the library's own ``log_softmax``, whose
+    bits its own tests hold) summed here one addition at a time."""
+    g = np.random.default_rng(11)
+    for b, c in ((1, 3), (7, 5), (300, 64)):
+        x = g.standard_normal((b, c)) * 40
+        labels = g.integers(0, c, size=b)
+        lsm = ad.log_softmax(ad.variable(x), 1).value
+        s = 0.0
+        for i in range(b):
+            s = s + float(lsm[i, labels[i]])
+        want = np.float64(-s / b)
+        got = ad.cross_entropy(ad.variable(x), labels).value
+        assert np.asarray(got).tobytes() == want.tobytes()
+        # a reordered (reversed) sum gives other bits for large B: the test can tell
+        if b == 300:
+            r = 0.0
+            for i in reversed(range(b)):
+                r = r + float(lsm[i, labels[i]])
+            assert np.float64(-r / b).tobytes() != want.tobytes() or r == s
+
+
 def test_cross_entropy_errors():
     x = ad.variable(np.zeros((2, 3)))
     err = raises(IndexOutOfRange, "cross_entropy", ad.cross_entropy, x, [0, 3])

@@ -151,6 +151,18 @@ def _sum3(x, out):
         _sum_rows(x, out)
 
 
+@helper
+def picked_sum(m, idx):
+    """``sum_i m[i, idx[i]]`` (``m [B, C]`` float64, ``idx`` int64 in ``[0, C)``), summed
+    in increasing ``i`` from +0.0: the bits of ``sum_to(m[arange(B), idx], (False,))``
+    (a 1-D sum to a scalar runs the rows in order, one addition each) without the
+    gathered copy."""
+    s = 0.0
+    for i in range(m.shape[0]):
+        s += m[i, idx[i]]
+    return s
+
+
 def sum_to(x, keep):
     """``x`` (float64) summed over the axes whose flag in ``keep`` is False; returns a new
     C-contiguous array of the kept axes' shape (see the module docstring for the order)."""

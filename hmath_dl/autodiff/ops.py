@@ -23,7 +23,9 @@ from .._kernels.elementwise import (sized_derivative, sized_derivative_param,
                                      sized_forward_derivative,
                                      sized_forward_derivative_param)
 from .._kernels.gemm_f64 import matmul_nd
-from .._kernels.reduce import sum_to
+from .._kernels.checks import first_outside
+from .._kernels.reduce import picked_sum, sum_to
+from .._kernels.views import readonly
 from .._kernels.status import OK
 from ..errors import DomainError, IndexOutOfRange, NumericOverflow, ShapeError
 from .core import ADTensor, as_adtensor, make_node, unbroadcast, vjp_of
@@ -804,13 +806,13 @@ def cross_entropy(logits, labels):
         raise ShapeError(f"{fname}: labels must have shape [{b}] (got {_shape(lab.shape)})")
     if b == 0:
         raise ShapeError(f"{fname}: the batch is empty (logits shape {_shape(logits.shape)})")
-    bad = np.flatnonzero((lab < 0) | (lab >= c))
-    if bad.size:
-        i = int(bad[0])
+    lab = readonly(lab)
+    i = first_outside(lab, c)
+    if i >= 0:
         raise IndexOutOfRange(f"{fname}: labels[{i}] = {int(lab[i])} is outside [0, {c})")
     lsm = _log_softmax_values(logits.value, 1)
-    picked = lsm[np.arange(b), lab]
-    value = np.asarray(-sum_to(picked, (False,)) / b, dtype=np.float64)   # b increasing
+    # sum of lsm[b, lab[b]] in increasing b (sum_to's order for a vector), then / b
+    value = np.asarray(-picked_sum(lsm, lab) / b, dtype=np.float64)
     return make_node(cross_entropy, _checked(fname, value, "cross entropy"), (logits,),
                      (lsm, lab))
 
