@@ -9,6 +9,8 @@ kernel: fixed summation orders, the same bits for any thread count.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .._kernels import conv_batch, conv_wgrad
@@ -142,22 +144,14 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     bits).
     """
     xs = x.shape
-    N, C = xs[0], xs[1]
-    Cout = w_shape[0]
-    Cg, Cog = C // groups, Cout // groups
-    K = pad3(w_shape[2:], 1)
-    KK = K[0] * K[1] * K[2]
-    O = pad3(g.shape[2:], 1)
-    P = O[0] * O[1] * O[2]
-    s3, p3, d3 = pad3(s, 1), pad3(p, 0), pad3(d, 1)
-    geo = K + s3 + d3 + p3 + O
-    tiled = machine().tiled
-    batch_dx = need_x and conv_batch.grad_usable(Cg * KK, P, N, tiled)
+    N, C, Cout, Cg, Cog, KK, P, geo, batch_dx, wgrad = _grad_plan(
+        xs, tuple(w_shape), g.shape, tuple(s), tuple(p), tuple(d), groups, need_x,
+        machine().tiled)
     G = np.empty((Cout, N * P))
     if G.size and (need_w or not batch_dx):
         channels_first.sized(G.size)(readonly(_c(g).reshape(N, Cout, P)), G)
     gx = gw = None
-    if need_w and conv_wgrad.usable(Cog, Cg * KK, N * P, tiled):
+    if need_w and wgrad:
         dw = np.empty((Cout, Cg * KK))
         gw = conv_wgrad.weight_gradient(readonly5(x), G, Cout, Cg, groups, geo, dw).reshape(
             w_shape)
@@ -190,6 +184,26 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
             col2im.sized(dcols.size)(readonly(_c(dcols)), *geo, out5(dx))
         gx = dx
     return gx, gw
+
+
+@functools.lru_cache(maxsize=256)
+def _grad_plan(xs, w_shape, gshape, s, p, d, groups, need_x, tiled):
+    """What :func:`_conv_grads` decides from the shapes alone (remembered: a training loop
+    repeats them): ``(N, C, Cout, Cg, Cog, KK, P, geo, batch_dx, wgrad)`` -- ``geo`` the
+    kernels' geometry ``K + s + d + p + O`` (3 axes each), ``batch_dx`` whether the input
+    gradient runs on the batch-minor layout, ``wgrad`` whether the weight gradient is
+    :func:`~hmath_dl._kernels.conv_wgrad.weight_gradient`."""
+    N, C = xs[0], xs[1]
+    Cout = w_shape[0]
+    Cg, Cog = C // groups, Cout // groups
+    K = pad3(w_shape[2:], 1)
+    KK = K[0] * K[1] * K[2]
+    O = pad3(gshape[2:], 1)
+    P = O[0] * O[1] * O[2]
+    geo = K + pad3(s, 1) + pad3(d, 1) + pad3(p, 0) + O
+    batch_dx = need_x and conv_batch.grad_usable(Cg * KK, P, N, tiled)
+    wgrad = conv_wgrad.usable(Cog, Cg * KK, N * P, tiled)
+    return N, C, Cout, Cg, Cog, KK, P, geo, batch_dx, wgrad
 
 
 @differentiable("x", "w", optional="bias")
