@@ -220,7 +220,9 @@ def _forward(fname, x, w, bias, stride, padding, dilation, groups, crop):
     # element as it copies it; other paths scan here, whatever the output (an element no
     # output reads is still reported), and before the output's verdict (NonFiniteError
     # before overflow)
-    _checks.finish(fname, True if x_finite else _checks.is_finite(x), inputs=(("x", x),))
+    # (a tape value, or any array checked before and read-only since, is not scanned again)
+    _checks.finish(fname, True if x_finite or _checks.known_finite(x) else _checks.is_finite(x),
+                   inputs=(("x", x),))
     return _crop(_checked(fname, out, finite), crop)
 
 
