@@ -48,10 +48,12 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 
 import numpy as np
 from llvmlite import ir
 from numba import njit
+from numba.core import cgutils
 from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
@@ -156,6 +158,31 @@ def _yield(typingctx):
     return nbtypes.none(), codegen
 
 
+_CLOCK = getattr(time, "CLOCK_MONOTONIC", None) if _HAS_YIELD else None
+
+
+@intrinsic
+def _now(typingctx):
+    """Nanoseconds of the monotonic clock (``clock_gettime``, POSIX with a 64-bit
+    ``timespec``), else 0."""
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        if _CLOCK is None:
+            return ir.Constant(i64, 0)
+        ts_t = ir.LiteralStructType([i64, i64])
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ts_t.as_pointer()])
+        fn = builder.module.globals.get("clock_gettime")
+        if fn is None:
+            fn = ir.Function(builder.module, fnty, name="clock_gettime")
+        ts = cgutils.alloca_once(builder, ts_t)
+        builder.call(fn, [ir.Constant(ir.IntType(32), int(_CLOCK)), ts])
+        zero = ir.Constant(ir.IntType(32), 0)
+        sec = builder.load(builder.gep(ts, [zero, zero]))
+        nsec = builder.load(builder.gep(ts, [zero, ir.Constant(ir.IntType(32), 1)]))
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+    return nbtypes.int64(), codegen
+
+
 def _jit(fn):
     if CACHE_ENABLED:
         try:
@@ -195,14 +222,17 @@ def _claim(base, g, p, n, tramp, raised, part, me):
 _claim = _jit(_claim)
 
 
-def _worker(base, wid, wgen, spin_polls, pause_polls):
+def _worker(base, wid, wgen, spin_ns, spin_polls, pause_polls):
     """A worker's compiled loop: run the tasks of every new launch it may join
     (``wid + 1 < PART``), poll in between (``pause`` for the first ``pause_polls`` polls,
-    then yielding the core); return 1 after ``spin_polls`` polls without a launch (the
-    Python side then sleeps), 0 when the pool stops.  ``wgen`` is the word where it keeps
-    the last launch it has seen (across sleeps)."""
+    then yielding the core); return 1 after ``spin_ns`` nanoseconds of the monotonic
+    clock without a launch it took part in (where there is no clock: ``spin_polls``
+    polls) -- the Python side then sleeps --, 0 when the pool stops.  ``wgen`` is the word
+    where it keeps the last launch it has seen (across sleeps).  The budget is time, not
+    polls: on a loaded machine a yield can last a whole time slice."""
     last = _load(base, wgen)
     polls = 0
+    start = _now()
     while True:
         if _load(base, _STOP) != 0:
             return 0
@@ -214,14 +244,18 @@ def _worker(base, wid, wgen, spin_polls, pause_polls):
             if wid + 1 < _load(base, _PART):
                 _claim(base, g, _load(base, _P), _load(base, _N), _load(base, _TRAMP),
                        _load(base, _RAISED), _load(base, _PART), wid + 1)
-            polls = 0
+                polls = 0
+                start = _now()
             continue
         if polls < pause_polls:
             _pause()
         else:
             _yield()
         polls += 1
-        if polls >= spin_polls:
+        if spin_ns > 0:
+            if (polls & 31) == 0 and _now() - start > spin_ns:
+                return 1
+        elif polls >= spin_polls:
             return 1
 
 
@@ -308,7 +342,8 @@ class _Pool:
         self.size = workers + 1          # threads taking part at most
         self.events = [threading.Event() for _ in range(workers)]
         self.threads = []
-        polls = _spin_polls() if workers else 0
+        # the spin budget: time where there is a clock, else a calibrated poll count
+        polls = _spin_polls() if workers and _CLOCK is None else 0
         for wid in range(workers):
             th = threading.Thread(target=self._serve, args=(wid, polls), daemon=True,
                                   name=f"hmath_dl-pool-{wid}")
@@ -318,7 +353,8 @@ class _Pool:
     def _serve(self, wid, polls):
         ev = self.events[wid]
         while True:
-            if _worker(self.base, wid, self.wgen + wid, polls, PAUSE_POLLS) == 0:
+            spin_ns = int(SPIN_SECONDS * 1e9) if _CLOCK is not None else 0
+            if _worker(self.base, wid, self.wgen + wid, spin_ns, polls, PAUSE_POLLS) == 0:
                 return
             self.ctrl[_SLEEP] += 1       # (under the GIL, as the launcher's read)
             ev.wait()
