@@ -178,3 +178,17 @@ def test_numba_threading_layer_gives_the_same_bytes():
         want = gemm(a, b)[0]
     assert out[:12] == b"False False "
     assert out[12:] == want.tobytes()
+
+
+def test_channels_first_on_the_pool_is_the_transpose():
+    """``channels_first`` (a span kernel since this pool): ``g [N, C, P] -> [C, N*P]``,
+    equal to numpy's transpose in either schedule."""
+    from hmath_dl._kernels.backward import channels_first
+    from hmath_dl._kernels.views import readonly
+    g = np.random.default_rng(4).standard_normal((5, 7, 33))
+    want = np.ascontiguousarray(g.transpose(1, 0, 2)).reshape(7, -1)
+    for schedule in ("serial", "parallel"):
+        out = np.empty((7, 5 * 33))
+        with _jit.forced_schedule(schedule):
+            channels_first(readonly(g), out)
+        assert out.tobytes() == want.tobytes()

@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 from llvmlite import ir as llvm_ir
-from numba import prange, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._jit import block_count, block_size, helper, inlined, kernel, span_kernel
+from ._jit import block_count, block_size, helper, inlined, span_kernel
 from ._simd import _I64, _VTY, _VW, _accepts, _block_columns, _data, _splat, _vptr
 
 
@@ -437,11 +437,12 @@ def col2im(cols, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, dx,
                                 pr[us + q * usw] += row[ub + q]
 
 
-@kernel
-def channels_first(g, out):
-    """``g [N, C, P] -> out [C, N*P]`` (a transposing copy, parallel over channels)."""
-    N, C, P = g.shape
-    for c in prange(C):
+@span_kernel(iterations=lambda g, out: g.shape[1], work=lambda g, out: out.size)
+def channels_first(g, out, c0, c1):
+    """``g [N, C, P] -> out [C, N*P]`` (a transposing copy; a span kernel over the
+    channels ``c0 .. c1-1``: called as ``channels_first(g, out)``)."""
+    N, P = g.shape[0], g.shape[2]
+    for c in range(c0, c1):
         for n in range(N):
             for p in range(P):
                 out[c, n * P + p] = g[n, c, p]

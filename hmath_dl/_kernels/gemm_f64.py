@@ -25,7 +25,6 @@ build.
 import functools
 import threading
 
-import numba
 import numpy as np
 from numba import prange
 
