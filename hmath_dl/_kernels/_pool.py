@@ -52,13 +52,13 @@ import time
 
 import numpy as np
 from llvmlite import ir
-from numba import njit
 from numba.core import cgutils
 from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
 from . import _cpu
-from ._jit import _call3, _try3, CACHE_ENABLED
+from ._jit import _call3, _try3
+from ._jit import _jit as _jit_serial
 
 __all__ = ["run", "enabled", "SPIN_SECONDS", "pool_threads"]
 
@@ -73,7 +73,7 @@ _LOW = 0xFFFFFFFF
 #: How long an idle worker polls for the next launch before it sleeps (seconds).
 SPIN_SECONDS = 0.002
 #: Polls with ``pause`` before the worker yields its core between polls.
-PAUSE_POLLS = int(os.environ.get("HMATH_DL_PAUSE_POLLS", "200"))
+PAUSE_POLLS = 200
 
 _X86 = _cpu.machine().arch == "x86_64"     # pause and the cycle counter: x86 only
 
@@ -184,12 +184,8 @@ def _now(typingctx):
 
 
 def _jit(fn):
-    if CACHE_ENABLED:
-        try:
-            return njit(cache=True, nogil=True)(fn)
-        except RuntimeError:
-            pass
-    return njit(cache=False, nogil=True)(fn)
+    """The package's serial compilation (:func:`._jit._jit`: cached, ``nogil``)."""
+    return _jit_serial(fn, parallel=False)
 
 
 def _claim(base, g, p, n, tramp, raised, part, me):
