@@ -168,7 +168,8 @@ def test_written_out_2x2_max_backward_is_the_general_kernels_bytes(shape):
     """The 2x2 / stride-2 max backward (selects, taken by the plan) against the general
     backward kernel and the regular one: ties (the first maximum in row-major order gets
     the cotangent), signed zeros in ``x`` and ``g`` (``0.0 + g``), odd sizes (the last
-    row/column no window covers is 0.0), serial and parallel."""
+    row/column no window covers is 0.0), NaN/inf/signalling-NaN cotangents, serial and
+    parallel, the float64 and the int64 form of the selects."""
     N, C, H, W = shape
     x = _data(N, C, H, W, sum(shape) + 5)
     x[-1, -1, :2, :2] = 0.5                          # a window of four equal values
@@ -176,6 +177,12 @@ def test_written_out_2x2_max_backward_is_the_general_kernels_bytes(shape):
     OH, OW = H // 2, W // 2
     g = np.random.default_rng(3).standard_normal((N, C, OH, OW))
     g[::2, :, ::2] = -0.0
+    # non-finite cotangents: the selects keep them bit for bit as 0.0 + g (a signalling
+    # NaN quieted) where the window's maximum is, and 0.0 elsewhere
+    flat = g.reshape(-1)
+    special = [np.nan, np.inf, -np.inf, np.array(0x7FF0000000000001).view(np.float64),
+               np.array(-0x0007FFFFFFFFFFFF).view(np.float64)]    # sNaN, negative qNaN
+    flat[1:1 + len(special)][:flat.size - 1] = special[:max(0, flat.size - 1)]
     args = (x.reshape(N, C, 1, H, W), g.reshape(N, C, 1, OH, OW), KP.boxes3(axes), True)
     want = np.empty_like(x)
     with F.forced_path("general"):
@@ -185,11 +192,15 @@ def test_written_out_2x2_max_backward_is_the_general_kernels_bytes(shape):
                                   2, 2, 2, 2, regular.reshape(N * C, H, W))
     assert regular.tobytes() == want.tobytes()
     for schedule in ("parallel", "serial"):
-        got = np.full_like(x, np.nan)
-        with forced_schedule(schedule):
-            F._max_pool2x2_backward_span(x.reshape(N * C, H, W), g.reshape(N * C, OH, OW),
-                                         got.reshape(N * C, H, W))
-        assert got.tobytes() == want.tobytes(), schedule
+        # both forms of the selects (float64, and the int64 views the plan uses on
+        # targets without AVX-512) whatever this host's plan is
+        for view in (np.float64, np.int64):
+            got = np.full_like(x, np.nan)
+            with forced_schedule(schedule):
+                F._max_pool2x2_backward_span(x.reshape(N * C, H, W),
+                                             g.reshape(N * C, OH, OW).view(view),
+                                             got.reshape(N * C, H, W).view(view))
+            assert got.tobytes() == want.tobytes(), (schedule, view)
         planned = np.full_like(x, np.nan)
         with forced_schedule(schedule):
             KB.pool_backward_nd(*args, planned.reshape(N, C, 1, H, W))
