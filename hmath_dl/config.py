@@ -14,8 +14,9 @@ variable                       default      effect
                                             spelling, kept)
 ``HMATH_DL_NO_CACHE``          (empty)      non-empty and not ``0``: compile without Numba's
                                             on-disk cache
-``HMATH_DL_SERIAL_WORK``       131072       calls touching fewer elements run a kernel's
-                                            serial twin (0: always parallel)
+``HMATH_DL_SERIAL_WORK``       32768        calls touching fewer elements run a kernel's
+                                            serial twin (0: always parallel); the default
+                                            is 131072 with ``HMATH_DL_POOL=0``
 ``HMATH_DL_MAX_ALLOC_BYTES``   17179869184  largest output/workspace one call may allocate;
                                             larger requests raise ``ShapeError``
 ``HMATH_DL_QUIET``             (empty)      non-empty and not ``0``: no first-run notice on
@@ -54,13 +55,14 @@ this table to the code.  Work is counted in elements unless the row says multipl
 name                           value  module                  decides
 =============================  =====  ======================  ================================
 *serial or parallel*
-``SERIAL_WORK``                2**17  config                  ``Kernel.sized`` /
+``SERIAL_WORK``                2**15  config                  ``Kernel.sized`` /
                                                               ``SpanKernel.run``: a call
                                                               with less work (times the
                                                               kernel's ``scale``) runs the
                                                               serial path
                                                               (``HMATH_DL_SERIAL_WORK``; the
-                                                              default is listed)
+                                                              default is listed: 2**17
+                                                              with ``HMATH_DL_POOL=0``)
 ``_EXP_PER_ELEMENT``           8      _kernels.libm           libm's array kernels and the
                                                               softmax rows count each
                                                               element as this much work
@@ -177,11 +179,13 @@ def _int(name: str, default: int) -> int:
 KERNELS = os.environ.get("HMATH_DL_KERNELS", "").strip().lower()
 INT8_KERNEL = os.environ.get("HMATH_DL_INT8_KERNEL", "").strip().lower()
 CACHE_ENABLED = os.environ.get("HMATH_DL_NO_CACHE", "") in ("", "0")
-SERIAL_WORK = _int("HMATH_DL_SERIAL_WORK", 1 << 17)
+POOL = os.environ.get("HMATH_DL_POOL", "").strip() in ("", "1")
+# a launch on the package's pool costs ~2 us, on Numba's TBB layer ~5 (and a thread that
+# sleeps there misses its tasks): the serial threshold follows (see the table below)
+SERIAL_WORK = _int("HMATH_DL_SERIAL_WORK", 1 << 15 if POOL else 1 << 17)
 MAX_ALLOC_BYTES = _int("HMATH_DL_MAX_ALLOC_BYTES", 1 << 34)
 QUIET = os.environ.get("HMATH_DL_QUIET", "") not in ("", "0")
 MALLOC = os.environ.get("HMATH_DL_MALLOC", "").strip().lower()
-POOL = os.environ.get("HMATH_DL_POOL", "").strip() in ("", "1")
 
 #: name -> value in force, for ``python -m hmath_dl.info --config`` and bug reports.
 VARIABLES = {
