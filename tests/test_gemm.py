@@ -206,9 +206,11 @@ def test_packing_compiles_one_specialisation_for_writable_and_read_only_operands
     assert set(lines[1::2]) == {"False"}, out.stdout      # every source typed read-only
 
 
-@pytest.mark.parametrize("K,N", [(1, 5), (64, 20011), (65, 37), (130, 7), (7, 1000)])
+@pytest.mark.parametrize("K,N", [(1, 5), (64, 20011), (65, 37), (130, 7), (7, 1000),
+                                 (4096, 16), (1027, 33)])
 def test_panel_packing_is_the_documented_layout(K, N):
-    """_pack_b: b [K, N] -> [ceil(N/T), K, T] (zero columns past N); _pack_at: a [M, K]
+    """_pack_b (and _pack_bt from b's transpose): b [K, N] -> [ceil(N/T), K, T] (zero
+    columns past N); _pack_at: a [M, K]
     given as at [K, M] -> [ceil(M/6), K, 6] (zero rows past M); parallel (chunks of rows
     x tiles or blocks, also for a short operand) and serial alike, against numpy."""
     from hmath_dl._kernels import gemm_f64 as G
@@ -219,10 +221,15 @@ def test_panel_packing_is_the_documented_layout(K, N):
     for t in range(want.shape[0]):
         seg = b[:, t * T:(t + 1) * T]
         want[t, :, :seg.shape[1]] = seg
+    bt = b.T.copy()         # _pack_bt: the same panels from b's transpose
     for schedule in ("parallel", "serial"):
         got = np.full(want.size, np.nan)
         with forced_schedule(schedule):
             G._pack_b(b, got, K, T)
+        assert got.tobytes() == want.reshape(-1).tobytes()
+        got = np.full(want.size, np.nan)
+        with forced_schedule(schedule):
+            G._pack_bt(bt, got, K, T)
         assert got.tobytes() == want.reshape(-1).tobytes()
     at = b.T.copy() if N < 2000 else b[:, :300].T.copy()        # at [K', M]: M = K here
     kk, m = at.shape

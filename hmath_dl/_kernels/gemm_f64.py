@@ -29,6 +29,7 @@ import numpy as np
 from numba import prange
 
 from .. import _alloc
+from ..config import POOL
 from ._cpu import machine
 from ._jit import helper, inlined, kernel, num_threads, runs_serial, span_kernel
 from ._simd import _ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block
@@ -361,31 +362,43 @@ def _pack_b(b, bpk, K, T, t0, t1):
         _strip(bf, N, bpk, K, T, t - ch * ntile, k0, min(K, k0 + _PACK_ROWS))
 
 
-@span_kernel(iterations=lambda bt, bpk, K, T: bpk.shape[0] // (K * T) if K > 0 else 0)
+def _pack_bt_tasks(bt, bpk, K, T):
+    """:func:`_pack_bt`'s iterations: (chunk of rows, tile) pairs."""
+    return -(-K // _PACK_ROWS) * (bpk.shape[0] // (K * T)) if K > 0 else 0
+
+
+@span_kernel(iterations=_pack_bt_tasks)
 def _pack_bt(bt, bpk, K, T, t0, t1):
     """``bt [N, K]`` (b transposed) -> ``bpk [ceil(N/T), K, T]`` (flat), zero columns past
-    N, without a transposed copy of b first; parallel over tiles.  Full ``VW x VW``
-    blocks go through :func:`._simd._transpose_block` (vector loads along ``bt``'s rows,
-    vector stores along the panel's); the edges element by element."""
+    N, without a transposed copy of b first.  Parallel over (chunk of ``_PACK_ROWS``
+    terms, tile) pairs, chunk-major as in :func:`_pack_b` (parallel over tiles alone, the
+    narrow ``G^T`` of a convolution's weight gradient -- one tile of 16 or 32 columns and
+    1,024-4,096 terms -- was one task on one thread).  Full ``VW x VW`` blocks go
+    through :func:`._simd._transpose_block` (vector loads along ``bt``'s rows, vector
+    stores along the panel's); the edges element by element."""
     N = bt.shape[0]
     ntile = bpk.shape[0] // (K * T) if K > 0 else 0
     flat = bt.reshape(-1)
     kfull = K - K % _VW
-    for tile in range(t0, t1):
+    for t in range(t0, t1):
+        ch = t // ntile
+        tile = t - ch * ntile
+        c0 = ch * _PACK_ROWS                  # a multiple of _VW
+        c1 = min(K, c0 + _PACK_ROWS)
         n0 = tile * T
         w = min(T, N - n0)
         wfull = w - w % _VW
         base = tile * K * T
-        for k0 in range(0, kfull, _VW):
+        for k0 in range(c0, min(c1, kfull), _VW):
             for i0 in range(0, wfull, _VW):
                 _transpose_block(flat, (n0 + i0) * K + k0, K, bpk, base + k0 * T + i0, T)
             for k in range(k0, k0 + _VW):
                 for i in range(wfull, w):
                     bpk[base + k * T + i] = bt[n0 + i, k]
-        for k in range(kfull, K):
+        for k in range(max(c0, kfull), c1):
             for i in range(w):
                 bpk[base + k * T + i] = bt[n0 + i, k]
-        for k in range(K):
+        for k in range(c0, c1):
             for i in range(w, T):
                 bpk[base + k * T + i] = 0.0
 
@@ -666,13 +679,14 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
             return out, int(out.size - np.count_nonzero(np.isfinite(out)))
     T = tile_width(N)
     # each packing copy runs serially when its operand is small (or the product is): a
-    # parallel launch costs more than copying 64 Ki elements.  (Sized by both operands
-    # together, the 64 x 64 weights of the transformer's dense layers were packed by a
-    # parallel launch because their a had 64 Ki elements: ~30 us in the step each, 13
-    # per step, against ~8 serially.)
+    # parallel launch costs more than copying 32 Ki elements (64 Ki on Numba's TBB
+    # layer).  (Sized by both operands together, the 64 x 64 weights of the
+    # transformer's dense layers were packed by a parallel launch because their a had 64
+    # Ki elements: ~30 us in the step each, 13 per step, against ~8 serially.)
     small = M * N * K < _SERIAL_FMAS
-    packs_a = small or M * K < (1 << 16)
-    packs = small or K * N < (1 << 16)
+    few = 1 << 15 if POOL else 1 << 16
+    packs_a = small or M * K < few
+    packs = small or K * N < few
     # a read in place must not be the output (c is written while a is read)
     a_where = None if not fresh and np.may_share_memory(out, a) else a_operand(a)
     apk = pack_a(a, packs_a) if a_where is None else None
