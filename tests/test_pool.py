@@ -182,13 +182,24 @@ def test_numba_threading_layer_gives_the_same_bytes():
 
 def test_channels_first_on_the_pool_is_the_transpose():
     """``channels_first`` (a span kernel since this pool): ``g [N, C, P] -> [C, N*P]``,
-    equal to numpy's transpose in either schedule."""
+    equal to numpy's transpose in either schedule, and the channel sums it can compute
+    on the way equal to ``sum_to``'s."""
     from hmath_dl._kernels.backward import channels_first
     from hmath_dl._kernels.views import readonly
+    from hmath_dl._kernels.reduce import sum_to
     g = np.random.default_rng(4).standard_normal((5, 7, 33))
+    g[1, 2, 3] = -0.0
     want = np.ascontiguousarray(g.transpose(1, 0, 2)).reshape(7, -1)
+    want_sums = sum_to(g, (False, True, False))
     for schedule in ("serial", "parallel"):
         out = np.empty((7, 5 * 33))
         with _jit.forced_schedule(schedule):
-            channels_first(readonly(g), out)
+            channels_first(readonly(g), out, np.empty(0))
         assert out.tobytes() == want.tobytes()
+        # with the channel sums (a convolution's bias gradient): sum_to's bits
+        out = np.empty((7, 5 * 33))
+        sums = np.full(7, np.nan)
+        with _jit.forced_schedule(schedule):
+            channels_first(readonly(g), out, sums)
+        assert out.tobytes() == want.tobytes()
+        assert sums.tobytes() == want_sums.tobytes()

@@ -19,6 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._jit import block_count, block_size, helper, inlined, span_kernel
+from .reduce import _run_sum
 from ._simd import _I64, _VTY, _VW, _accepts, _block_columns, _data, _splat, _vptr
 
 
@@ -437,12 +438,25 @@ def col2im(cols, kd, kh, kw, sd, sh, sw, dd, dh, dw, pd, ph, pw, OD, OH, OW, dx,
                                 pr[us + q * usw] += row[ub + q]
 
 
-@span_kernel(iterations=lambda g, out: g.shape[1], work=lambda g, out: out.size)
-def channels_first(g, out, c0, c1):
+@span_kernel(iterations=lambda g, out, sums: g.shape[1], work=lambda g, out, sums: out.size)
+def channels_first(g, out, sums, c0, c1):
     """``g [N, C, P] -> out [C, N*P]`` (a transposing copy; a span kernel over the
-    channels ``c0 .. c1-1``: called as ``channels_first(g, out)``)."""
+    channels ``c0 .. c1-1``: called as ``channels_first(g, out, sums)``), and, when
+    ``sums`` has ``C`` entries (else none), ``sums[c]`` = channel ``c``'s sum in
+    :func:`.reduce.sum_to`'s order for ``g`` summed to ``[C]`` (``[R1, K, R2] = [N, C,
+    P]``: per ``n`` in order the eight-partial sum of the ``P`` values, from +0.0) --
+    the bias gradient of a convolution from the run just copied, while it is in cache,
+    instead of a second pass over ``g``.  ``P > 1`` for the sums (``sum_to`` adds single
+    values without the run sum)."""
     N, P = g.shape[0], g.shape[2]
+    total = sums.shape[0] > 0
+    of = out.reshape(-1)
     for c in range(c0, c1):
+        acc = 0.0
         for n in range(N):
             for p in range(P):
                 out[c, n * P + p] = g[n, c, p]
+            if total:
+                acc += _run_sum(of, (c * N + n) * P, P)
+        if total:
+            sums[c] = acc

@@ -125,14 +125,15 @@ def _vjp_convolution(g, node, needs):
     x, w = node.parents[0], node.parents[1]
     s, p, d, groups, crop = node.ctx
     g = _uncrop(g, crop)
-    gx, gw = _conv_grads(x.value, w.shape, w.value, g, s, p, d, groups, needs[0], needs[1])
-    gb = None
-    if needs[2]:
+    gb = np.empty(g.shape[1]) if needs[2] else None
+    gx, gw, summed = _conv_grads(x.value, w.shape, w.value, g, s, p, d, groups, needs[0],
+                                 needs[1], gb)
+    if needs[2] and not summed:
         gb = sum_to(g, (False, True) + (False,) * (g.ndim - 2))
     return gx, gw, gb
 
 
-def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
+def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w, gb=None):
     """Gradients of ``y = conv(x, w)`` (stride ``s``, padding ``p``, dilation ``d``)
     w.r.t. ``x`` and ``w`` given ``g = dL/dy``, by unfolding (im2col):
 
@@ -141,15 +142,20 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
     over ``(n, o)`` resp. ``co'`` in order, the same bits on every CPU), and ``dx = col2im(dcols)`` (a Numba kernel parallel over ``(n, c)``
     planes).  ``G [Cout, N*O]`` is ``g`` with channels first.  On small planes the input
     gradient runs :func:`hmath_dl._kernels.conv_batch.input_gradient` instead (the same
-    bits).
+    bits).  Returns ``(gx, gw, summed)``: with an array ``gb [Cout]`` given, ``summed``
+    says whether it now holds the bias gradient (``g`` summed to ``[Cout]``: ``sum_to``'s
+    bits), computed while ``G`` was copied; otherwise the caller sums.
     """
     xs = x.shape
     N, C, Cout, Cg, Cog, KK, P, geo, batch_dx, wgrad = _grad_plan(
         xs, tuple(w_shape), g.shape, tuple(s), tuple(p), tuple(d), groups, need_x,
         machine().tiled)
     G = np.empty((Cout, N * P))
+    summed = False
     if G.size and (need_w or not batch_dx):
-        channels_first.sized(G.size)(readonly(_c(g).reshape(N, Cout, P)), G)
+        summed = gb is not None and P > 1
+        channels_first.sized(G.size)(readonly(_c(g).reshape(N, Cout, P)), G,
+                                     gb if summed else _NO_SUMS)
     gx = gw = None
     if need_w and wgrad:
         dw = np.empty((Cout, Cg * KK))
@@ -183,7 +189,10 @@ def _conv_grads(x, w_shape, w, g, s, p, d, groups, need_x, need_w):
         if dx.size:
             col2im.sized(dcols.size)(readonly(_c(dcols)), *geo, out5(dx))
         gx = dx
-    return gx, gw
+    return gx, gw, summed
+
+
+_NO_SUMS = np.empty(0)
 
 
 @functools.lru_cache(maxsize=256)
@@ -261,7 +270,7 @@ def _vjp_transposed_convolution(g, node, needs):
             # no input position reaches: the convolution back sees them as extra outputs
             gx = np.ascontiguousarray(gx[tuple(slice(0, n) for n in x.shape)])
     if needs[1]:
-        _, gw = _conv_grads(g, w.shape, w.value, x.value, s, p, d, groups, False, True)
+        _, gw, _ = _conv_grads(g, w.shape, w.value, x.value, s, p, d, groups, False, True)
     if needs[2]:
         gb = sum_to(g, (False, True) + (False,) * (g.ndim - 2))
     return gx, gw, gb
