@@ -110,6 +110,46 @@ def test_dense_is_the_chain_then_the_bias():
     assert dense(x3, w, None).tobytes() == ref.matmul(x3, w.T).tobytes()
 
 
+@pytest.mark.parametrize("M,K,N", [(24, 64, 64), (25, 130, 70), (64, 64, 16), (61, 7, 256),
+                                   (12, 300, 33)])
+@pytest.mark.parametrize("schedule", ["serial", "parallel"])
+def test_bias_and_nonfinite_count_of_every_tile(M, K, N, schedule):
+    """``gemm``'s epilogue -- ``+ bias`` per column (``bias_axis`` 1) or per row (0), one
+    rounding after the chain, and the exact number of non-finite outputs -- for interior
+    tiles (finished in registers when the tiles are the widest) and edge tiles (finished
+    after the product): against the chain oracle plus the bias (inf, -inf, NaN and -0.0
+    in the bias) and numpy's count; with NaN/inf in ``a`` and ``b``, against the portable
+    path (its bias added and its outputs counted by numpy)."""
+    a, b = _rnd((M, K), M), _rnd((K, N), N)
+    a[0, :] = 0.0                                  # row 0: +0.0 chains (+ -0.0 bias below)
+    chains = ref.matmul_2d(a, b)
+    for axis, n in ((1, N), (0, M)):
+        bias = _rnd(n, 7)
+        bias[0] = -0.0
+        bias[n - 1] = np.inf                       # a column / row in the last tile / block
+        bias[n // 2] = np.nan
+        bias[min(n - 1, 5)] = -np.inf              # in the first tile / block
+        want = chains + (bias if axis == 1 else bias[:, None])
+        with forced_schedule(schedule):
+            got, bad = G.gemm(a, b, bias=bias, bias_axis=axis)
+        assert got.tobytes() == want.tobytes(), axis
+        assert bad == want.size - np.count_nonzero(np.isfinite(want)), axis
+    with forced_schedule(schedule):
+        got, bad = G.gemm(a, b)                    # the count alone
+        assert G.gemm(a, b, count=False)[1] == 0   # neither: not counted
+    assert got.tobytes() == chains.tobytes() and bad == 0
+    a[M // 2, 3] = np.nan                          # a row of NaN outputs
+    b[1, N - 1] = np.inf                           # a column (the last tile) of inf/NaN
+    b[2, min(N - 1, 5)] = -np.inf                  # a column in the first tile
+    bias = _rnd(N, 8)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = G.gemm(a, b, tiled=False, bias=bias)[0]
+    with forced_schedule(schedule):
+        got, bad = G.gemm(a, b, bias=bias)
+    assert got.tobytes() == want.tobytes()
+    assert 0 < bad == want.size - np.count_nonzero(np.isfinite(want))
+
+
 def test_dense_gradients_use_the_same_chains():
     from hmath_dl.layers import dense_ad
     x, w, b = _rnd((5, 9), 7), _rnd((4, 9), 8), _rnd(4, 9)

@@ -489,7 +489,8 @@ def prefetch_read(typingctx, a, i):
     return sig, codegen
 
 
-def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
+def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False,
+                    epilogue=False):
     """The continuing micro-kernel of the float GEMMs: a CB x ``L*V`` tile of ``c``
     (rows ``cbase + j*cstride``, j < CB; ``L`` lanes per vector: ``VW`` float64, or
     ``2*VW`` float32 when ``f32``) is loaded into CB*V vector accumulators (or, when
@@ -519,8 +520,16 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
     ``(ak, aj)`` right after ``pfbase`` (before ``widen``'s three) giving ``a[kk, j] = apk[abase + kk*ak + j*aj]`` (a
     packed block is ``ak = CB, aj = 1``; rows of a row-major ``a`` are ``ak = 1,
     aj = lda``; the transpose of a row-major array ``ak = lda, aj = 1``).  The same
-    operations in the same order: only the addresses differ."""
+    operations in the same order: only the addresses differ.
+
+    ``epilogue`` (float64 only): the chain's last chunk, finished in registers before the
+    tile is stored: three more arguments ``(bias, boff, mode)`` after the a strides (a
+    float64 array, int64, int64) -- ``mode`` 1 adds ``bias[boff + j]`` to row ``j``, 2
+    adds ``bias[boff + i]`` to column ``i`` (one rounding after the chain: ``c + bias``,
+    as :func:`.gemm_f64._finish` does), 0 adds nothing -- and the intrinsic returns the
+    number of the tile's stored values that are NaN or +-inf (int64)."""
     assert f32 or not widen
+    assert not (epilogue and (f32 or widen))
     na = 2 if astrided else 0               # the a strides' arguments, after pfbase
     nbt = types.float32 if f32 else types.float64
     lanes = 2 * _VW if f32 else _VW
@@ -545,6 +554,10 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
                 return None
             head = head + (i64t, i64t)
             wide_args = wide_args[2:]
+        if epilogue:
+            if not (len(wide_args) == 3 and _accepts(f64=wide_args[:1], ints=wide_args[1:])):
+                return None
+            return i64t(*head, wide_args[0], i64t, i64t)
         if not widen:
             return None if wide_args else types.void(*head)
         if not (len(wide_args) == 3 and _accepts(f64=wide_args[:1], ints=wide_args[1:])):
@@ -613,6 +626,9 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
                         else:                    # fl(acc + fl(a * b)): no contraction flags
                             new = builder.fadd(acc, builder.fmul(sp, xs[v]))
                         builder.store(new, slots[j][v])
+            if epilogue:
+                return _finish_tile(context, builder, t, args, 11 + na, slots, rows, CB, V,
+                                    vty, lanes)
             if not widen:
                 for j in range(CB):
                     for v in range(V):
@@ -642,7 +658,19 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
 
         return sig, codegen
 
-    if widen and astrided:
+    if epilogue and astrided:
+        @intrinsic
+        def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
+                  pfbase, ak, aj, bias, boff, mode):
+            return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
+                                  cstride, first, pfbase, ak, aj, bias, boff, mode)
+    elif epilogue:
+        @intrinsic
+        def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
+                  pfbase, bias, boff, mode):
+            return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
+                                  cstride, first, pfbase, bias, boff, mode)
+    elif widen and astrided:
         @intrinsic
         def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
                   pfbase, ak, aj, of, obase, ostride):
@@ -667,6 +695,47 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False):
             return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
                                   cstride, first, pfbase)
     return micro
+
+
+def _finish_tile(context, builder, t, args, ei, slots, rows, CB, V, vty, lanes):
+    """:func:`_make_micro_acc`'s ``epilogue``: the bias (``args[ei]``, offset
+    ``args[ei+1]``, mode ``args[ei+2]``) added to the CB x V accumulators ``slots``, the
+    tile stored to ``rows``, and the count of its non-finite values returned (int64;
+    ``x - x`` is NaN exactly for NaN and +-inf)."""
+    i32 = llvm_ir.IntType(32)
+    bd = _data(context, builder, t[ei], args[ei])
+    boff = context.cast(builder, args[ei + 1], t[ei + 1], types.int64)
+    mode = context.cast(builder, args[ei + 2], t[ei + 2], types.int64)
+    pbias = builder.gep(bd, [boff])
+    with builder.if_then(builder.icmp_signed("==", mode, llvm_ir.Constant(_I64, 1))):
+        undef = llvm_ir.Constant(vty, llvm_ir.Undefined)
+        zmask = llvm_ir.Constant(llvm_ir.VectorType(i32, lanes), [0] * lanes)
+        for j in range(CB):       # bias[m] per row: one broadcast per row of the tile
+            x = builder.load(builder.gep(pbias, [llvm_ir.Constant(_I64, j)]))
+            sp = builder.shuffle_vector(builder.insert_element(undef, x, llvm_ir.Constant(
+                i32, 0)), undef, zmask)
+            for v in range(V):
+                builder.store(builder.fadd(builder.load(slots[j][v]), sp), slots[j][v])
+    with builder.if_then(builder.icmp_signed("==", mode, llvm_ir.Constant(_I64, 2))):
+        for v in range(V):        # bias[n] per column: one vector per vector of the tile
+            bv = builder.load(builder.bitcast(builder.gep(pbias, [llvm_ir.Constant(
+                _I64, v * lanes)]), vty.as_pointer()), align=8)
+            for j in range(CB):
+                builder.store(builder.fadd(builder.load(slots[j][v]), bv), slots[j][v])
+    zero = llvm_ir.Constant(vty, [0.0] * lanes)
+    mty = llvm_ir.IntType(lanes)
+    ctpop = cgutils.get_or_insert_function(builder.module, llvm_ir.FunctionType(i32, [i32]),
+                                           "llvm.ctpop.i32")
+    count = llvm_ir.Constant(i32, 0)
+    for j in range(CB):
+        for v in range(V):
+            val = builder.load(slots[j][v])
+            builder.store(val, builder.bitcast(builder.gep(rows[j], [llvm_ir.Constant(
+                _I64, v * lanes)]), vty.as_pointer()), align=8)
+            bad = builder.fcmp_unordered("uno", builder.fsub(val, val), zero)
+            bits = builder.zext(builder.bitcast(bad, mty), i32)
+            count = builder.add(count, builder.call(ctpop, [bits]))
+    return builder.zext(count, _I64)
 
 
 def _rows_side_by_side(builder, ps, ls, R):

@@ -198,8 +198,9 @@ def _all_rows(apk, bl, tb0, tb1, c, cc, M, P, K, T, scr, bias, mode):
     for b0 in range(0, nmb, bpp):
         b1 = min(nmb, b0 + bpp)
         # bl holds tiles tb0.. only: offset so that tile tb0 starts at bl[0]
-        _panel(apk, K * _CB, _CB, 1, apk[:0], bl, -tb0 * K * T, T, K * T, c, cc, P, M, P, K,
-               T, b0, b1, tb0, tb1, scr, scr[:0])      # (packed: no chunk buffer)
+        # (packed: no chunk buffer); interior tiles finished in registers, then the edges
+        nbad += _panel(apk, K * _CB, _CB, 1, apk[:0], bl, -tb0 * K * T, T, K * T, c, cc, P,
+                       M, P, K, T, b0, b1, tb0, tb1, scr, scr[:0], bias, mode)
         nbad += _finish(c, cc, P, M, P, T, b0, b1, tb0, tb1, scr, bias, mode)
     return nbad
 
