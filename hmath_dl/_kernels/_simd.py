@@ -658,30 +658,20 @@ def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False,
 
         return sig, codegen
 
-    if epilogue and astrided:
+    # the three trailing arguments: widen's (of, obase, ostride) or epilogue's (bias,
+    # boff, mode)
+    if (widen or epilogue) and astrided:
         @intrinsic
         def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
-                  pfbase, ak, aj, bias, boff, mode):
+                  pfbase, ak, aj, x0, x1, x2):
             return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
-                                  cstride, first, pfbase, ak, aj, bias, boff, mode)
-    elif epilogue:
+                                  cstride, first, pfbase, ak, aj, x0, x1, x2)
+    elif widen or epilogue:
         @intrinsic
         def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
-                  pfbase, bias, boff, mode):
+                  pfbase, x0, x1, x2):
             return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
-                                  cstride, first, pfbase, bias, boff, mode)
-    elif widen and astrided:
-        @intrinsic
-        def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
-                  pfbase, ak, aj, of, obase, ostride):
-            return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
-                                  cstride, first, pfbase, ak, aj, of, obase, ostride)
-    elif widen:
-        @intrinsic
-        def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
-                  pfbase, of, obase, ostride):
-            return intrinsic_body(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase,
-                                  cstride, first, pfbase, of, obase, ostride)
+                                  cstride, first, pfbase, x0, x1, x2)
     elif astrided:
         @intrinsic
         def micro(typingctx, bf, bbase, bstride, apk, abase, nk, cf, cbase, cstride, first,
