@@ -251,7 +251,11 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
     ``+ bias[n]`` (``mode`` 2) -- one rounding after the chain, as ``c + bias`` --, and
     the number of those outputs that are not finite returned (``mode`` 3: no bias, no
     count; 0 returned) -- for every output of the task, or, when :func:`_panel` finished
-    the interior tiles in registers (:func:`_fused`), for the edge tiles' only."""
+    the interior tiles in registers (:func:`_fused`), for the edge tiles' only: then only
+    the rows of the row-edge block and the columns of the column-edge tile are visited (and,
+    with ``mode`` 3, only those anyway)
+    (visiting every row of the task, a 64 x 64 x 64 product with a bias spent ~2 of its
+    ~11.5 us here).  Flat indices into ``c`` (no per-row slices)."""
     nmb = (M + _CB - 1) // _CB
     ntile = (N + T - 1) // T
     redge = nmb - 1 if M % _CB else -1
@@ -260,40 +264,46 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
     n0 = t0 * T
     n1 = min(N, t1 * T)
     ncut = cedge * T if t0 <= cedge < t1 else n1
+    fused = _fused(T, mode)
+    m0 = b0 * _CB
+    m1 = min(M, b1 * _CB)
+    if ncut == n1 and (fused or mode == 3):
+        # no column-edge tile here and no bias for the interior rows: only the row-edge
+        # block has anything to finish
+        m0 = max(m0, redge * _CB) if b0 <= redge < b1 else m1
     bad = 0
-    for m in range(b0 * _CB, min(M, b1 * _CB)):
+    for m in range(m0, m1):
         blk = m // _CB
         j = m - blk * _CB
-        row = c[cc + m * ldc + n0:cc + m * ldc + n1]       # this task's part of row m
+        r0 = cc + m * ldc                 # c[r0 + n] is output (m, n)
         if blk == redge:
             # whole tiles (ncut is a tile boundary), without a division per element
             for tile in range(t0, ncut // T):
                 s0 = ((tile - t0) * _CB + j) * T
-                d0 = tile * T - n0
+                d0 = r0 + tile * T
                 for q in range(T):
-                    row[d0 + q] = scr[s0 + q]
-        e0 = ce0 + ((blk - b0) * _CB + j) * T - (ncut - n0)
-        for q in range(ncut - n0, n1 - n0):
-            row[q] = scr[e0 + q]
+                    c[d0 + q] = scr[s0 + q]
+        e0 = ce0 + ((blk - b0) * _CB + j) * T - ncut
+        for n in range(ncut, n1):
+            c[r0 + n] = scr[e0 + n]
         # the outputs that came from scr: the whole row part in the row-edge block, else
         # the column-edge tile's; one pass: bias (one rounding after the chain), then the
         # finiteness test
-        q0 = 0 if blk == redge or not _fused(T, mode) else ncut - n0
+        q0 = n0 if blk == redge or not fused else ncut
         if mode == 1:
             bm = bias[m]
-            for q in range(q0, row.size):
-                v = row[q] + bm
-                row[q] = v
+            for n in range(q0, n1):
+                v = c[r0 + n] + bm
+                c[r0 + n] = v
                 bad += (v - v) != 0.0
         elif mode == 2:
-            bs = bias[n0:n1]
-            for q in range(q0, row.size):
-                v = row[q] + bs[q]
-                row[q] = v
+            for n in range(q0, n1):
+                v = c[r0 + n] + bias[n]
+                c[r0 + n] = v
                 bad += (v - v) != 0.0
         elif mode == 0:
-            for q in range(q0, row.size):
-                v = row[q]
+            for n in range(q0, n1):
+                v = c[r0 + n]
                 bad += (v - v) != 0.0
     return bad
 
