@@ -32,6 +32,15 @@ _EXP = np.uint64(0x7FF0000000000000)     # exponent field: all ones only for NaN
 _PANEL = 256                               # output positions per task (at most)
 _AHEAD = 4                                  # rows of lookahead of the pointwise pack
 _PANEL_ELEMS = 3 << 16                     # a task's unfolded panel: <= 1.5 MiB (in L2)
+# A unit-stride 1x1 convolution reads each image's channel planes in place (no panel copy,
+# :func:`_planes_in_place`) only when they are at most this many elements (512 KiB): larger
+# planes come from memory, and the micro-kernel's loads of rows a plane apart then stall
+# where the panel copy streams them (Intel Xeon, two threads, 256->64 @56 batch 8 -- 3136
+# positions x 256 channels per image: AVX-512 in place 8.6-9.0 ms, copied 7.3-7.4; AVX2
+# 15.4-15.5 against 11.8-12.1; 128->128 @28 1.87-1.90 against 1.65-1.66 (AVX-512); but
+# 256->64 @16, 64 K elements per image: 0.55 against 0.64, and 16->32 @8 batch 64 0.077
+# against 0.087).  (A Zen 4 VM measured the 56x56 case 7 % faster in place.)
+_IN_PLACE_MAX = 1 << 16
 _NO_TAB = np.zeros((0, 5), dtype=np.int64)  # conv_gemm_tasks: unfold from x itself
 _NO_TAB.flags.writeable = False
 
@@ -350,7 +359,8 @@ def _pointwise(x5, w5, bias, has_bias, groups, s, out5):
     Cout, Cg = w5.shape[:2]
     Cog = Cout // groups
     w2 = w5.reshape(Cout, Cg)
-    if x_ok is None and G.b_in_place(xf[:Cg * P].reshape(Cg, P), Cog, P, Cg):
+    if (x_ok is None and Cg * P <= _IN_PLACE_MAX
+            and G.b_in_place(xf[:Cg * P].reshape(Cg, P), Cog, P, Cg)):
         out_bad = _planes_in_place(xf, w2, bias, has_bias, groups, N, P, out5)
     else:
         tpp = max(1, _PANEL // T)
@@ -375,7 +385,8 @@ def _pointwise(x5, w5, bias, has_bias, groups, s, out5):
 def _planes_in_place(xf, w2, bias, has_bias, groups, N, P, out5):
     """:func:`_pointwise`'s products at a unit stride where the float GEMM reads each
     image's channel planes where they lie (:func:`.gemm_f64.b_in_place`: few output
-    channels per group) instead of copying them into panels: per image and group one
+    channels per group; planes of at most ``_IN_PLACE_MAX`` elements per image) instead
+    of copying them into panels: per image and group one
     product ``w [Cog, Cg] @ x [Cg, P]`` plus the bias per row, each output the same chain
     (one fused multiply-add per input channel, in order, then the bias), so the same bits.
     All images of a group run in one launch (the GEMM's batch of products), so the tasks
