@@ -320,7 +320,7 @@ def test_b_read_in_place_or_packed_gives_the_oracle_bits(M, K, N, monkeypatch):
     rb = b.copy()
     rb.flags.writeable = False
     vw = G._VW
-    expect_in_place = N % vw == 0 and (M <= (256 if vw >= 8 else 64)
+    expect_in_place = N % vw == 0 and (M <= (192 if vw >= 8 else 64)
                                        or (vw >= 8 and K * N <= 1 << 16))
     assert G.b_in_place(b, M, N, K) == expect_in_place
     if N >= 128:        # the chunk copy (rows crowd into a few L1 sets) runs these
@@ -340,6 +340,20 @@ def test_b_read_in_place_or_packed_gives_the_oracle_bits(M, K, N, monkeypatch):
     over = sq.copy()
     G.matmul(a_sq, over, out=over, tiled=True)
     assert over.tobytes() == want_sq
+
+
+def test_b_in_place_bounds():
+    """The bounds of :func:`gemm_f64.b_in_place` for a ``b`` of more than 64 Ki elements:
+    at most 192 rows of ``a`` on 8-lane targets, 64 on narrower ones; rows that are not
+    whole vectors, or a ``b`` that is not row-major, are always packed."""
+    b = np.empty((260, 256))
+    most = 192 if G._VW >= 8 else 64
+    assert G.b_in_place(b, most, 256, 260)
+    assert not G.b_in_place(b, most + 1, 256, 260)
+    assert not G.b_in_place(np.empty((260, 258)), 8, 258, 260)
+    assert not G.b_in_place(np.empty((256, 260)).T, 8, 256, 260)
+    if G._VW >= 8:     # a small b (at most 64 Ki elements) is read in place for any M
+        assert G.b_in_place(np.empty((256, 256)), 5000, 256, 256)
 
 
 def test_workspaces_above_the_cap_come_from_the_pool(monkeypatch):

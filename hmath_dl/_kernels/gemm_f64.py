@@ -654,7 +654,7 @@ B_IN_PLACE = True
 def b_in_place(b, M, N, K):
     """Whether :func:`gemm` reads ``b [K, N]`` where it lies instead of packing it: a
     row-major ``b`` whose rows are whole vectors (no load reads past a row's end), when
-    few 6-row blocks of ``a`` reuse its panels: ``M <= 256`` on 8-lane targets (or a
+    few 6-row blocks of ``a`` reuse its panels: ``M <= 192`` on 8-lane targets (or a
     ``b`` of at most 64 Ki elements), ``M <= 64`` on narrower ones.
 
     Packing b costs a pass over it -- and, on several threads, each core's packed half
@@ -664,14 +664,17 @@ def b_in_place(b, M, N, K):
     chunk are a row of b apart and share L1 sets).  Measured A/B in one process, in
     place / packed: AVX-512 8 x 4096 x 4096 2.7x, 64 x 1024 x 1024 1.96x, 256 x 1024 x
     1024 1.27x, 1024 x 64 x 64 1.07-1.9x, 2048 x 256 x 256 1.04x, but 1024 x 1024 x 1024
-    0.93x; AVX2 (4 lanes, one 64-byte line of b per term) 8 x 4096 x 4096 2.7x,
-    64 x 1024 x 1024 1.34x, 64 x 1024 x 256 1.05x, but 2048 x 256 x 256 0.75x and
-    1024 x 64 x 256 0.86x.  The same operations in the same order either way: only the
-    addresses of b differ."""
+    0.93x.  With ``b`` coming from memory (six different b in turn, Intel Xeon, two
+    threads) 256 x 1024 x 1024 was 0.85x in place (4.9-5.0 against 4.2 ms packed; 1.0x
+    with the same b every call), 256 x 256 x 4096 0.85x, 192 x 1024 x 1024 1.0x (1.15x
+    with a hot b), 64 x 1024 x 1024 1.1x: hence 192, not 256.  AVX2 (4 lanes, one
+    64-byte line of b per term) 8 x 4096 x 4096 2.7x, 64 x 1024 x 1024 1.34x, 64 x 1024
+    x 256 1.05x, but 2048 x 256 x 256 0.75x and 1024 x 64 x 256 0.86x.  The same
+    operations in the same order either way: only the addresses of b differ."""
     if not (B_IN_PLACE and b.flags.c_contiguous and N % _VW == 0):
         return False
     if _VW >= 8:
-        return M <= 256 or K * N <= 1 << 16
+        return M <= 192 or K * N <= 1 << 16
     return M <= 64
 
 
