@@ -83,6 +83,34 @@ def test_small_products_cut_into_more_tasks_keep_their_bits(M, K, N, threads):
         numba.set_num_threads(old)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_tasks_numbered_column_panel_first_keep_their_bits(threads):
+    """A parallel product cut into row and column panels whose ``b`` is the larger
+    operand numbers its tasks column panel first (``_column_major``: each thread's share
+    then reads its own columns of ``b``, which ``_pack_bt`` packed tile-major on that
+    thread): every output still written once, by its one chain, as a row-major numbering
+    and a serial run give."""
+    import numba
+    M, K, N = 100, 10, 1100
+    a, bt = _rnd((M, K), 5), _rnd((N, K), 6)
+    want = ref.matmul_2d(a, np.ascontiguousarray(bt.T)).tobytes()
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        T = G.tile_width(N)
+        pm, pn, _ = G._tasks(M, N, T, 1, threads)
+        assert pm > 1 and pn > 1 and pm != pn      # (a swapped decoding shows)
+        assert G._column_major(M, N, K, T, 1, threads, False)
+        assert not G._column_major(M, N, K, T, 1, threads, True)       # serial: no order
+        assert not G._column_major(N, M, K, T, 1, threads, False)      # a the larger
+        for schedule in ("parallel", "serial"):
+            with forced_schedule(schedule):
+                out = np.full((M, N), np.nan)
+                assert G.matmul(a, bt.T, out=out, tiled=True).tobytes() == want
+    finally:
+        numba.set_num_threads(old)
+
+
 def test_forced_schedule_overrides_the_work_size_choice():
     """The one package-level serial/parallel switch: forced_schedule decides for every
     launch (Kernel.sized, launchers with their own threshold) and restores the policy."""
@@ -267,10 +295,11 @@ def test_panel_packing_is_the_documented_layout(K, N):
         with forced_schedule(schedule):
             G._pack_b(b, got, K, T)
         assert got.tobytes() == want.reshape(-1).tobytes()
-        got = np.full(want.size, np.nan)
-        with forced_schedule(schedule):
-            G._pack_bt(bt, got, K, T)
-        assert got.tobytes() == want.reshape(-1).tobytes()
+        for tile_major in (False, True):     # the two orders of its tasks
+            got = np.full(want.size, np.nan)
+            with forced_schedule(schedule):
+                G._pack_bt(bt, got, K, T, tile_major)
+            assert got.tobytes() == want.reshape(-1).tobytes()
     at = b.T.copy() if N < 2000 else b[:, :300].T.copy()        # at [K', M]: M = K here
     kk, m = at.shape
     want = np.zeros((-(-m // 6), kk, 6))
