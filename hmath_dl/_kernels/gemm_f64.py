@@ -627,14 +627,18 @@ def _edge_rows(flat, ak, aj, m0, e, aedge):
 
 
 def _column_major(M, N, K, T, nb, threads, small):
-    """Whether :func:`run_tiled` numbers its tasks column panel first: a parallel product
-    cut both ways whose ``b`` is the larger operand.  Each thread's contiguous share of
+    """Whether :func:`gemm` numbers its tasks column panel first (:func:`run_tiled`'s
+    ``cmaj``): a parallel product cut both ways whose ``b`` is the larger operand and is
+    packed by :func:`_pack_bt` (tile-major then).  Each thread's contiguous share of
     the tasks then reads its own column panels of ``b`` (packed by that thread:
     :func:`_pack_bt`'s ``tmaj``) and all of ``a``, instead of half of ``a`` and all of
     ``b``, half of it packed by the other core.  Intel Xeon, two threads, ``dense``
     512 x 1024 x 1024 (``w^T`` packed): AVX-512 8.2-8.7 -> 7.5-8.0 ms, AVX2 13.0-14.5 ->
     11.8-13.0 ms (alternating processes); 256 x 1024 x 4096 18-20.5 -> 14.6-16.7 ms
-    (AVX-512).  Only which thread computes which outputs changes, never a chain."""
+    (AVX-512).  Only which thread computes which outputs changes, never a chain.  (Not
+    for other callers: with a ``b`` packed row-chunk-major the order gained nothing, and
+    each thread's share of ``c`` is then columns instead of rows -- the small CNN's input
+    gradient, 144 x 1024 x 32, made the AVX2 step ~2 % slower.)"""
     if small:
         return False
     pm, pn, _ = _tasks(M, N, T, nb, threads)
@@ -642,13 +646,15 @@ def _column_major(M, N, K, T, nb, threads, small):
 
 
 def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_axis=0,
-              count=True, a_where=None, b_rows=0):
+              count=True, a_where=None, b_rows=0, cmaj=False):
     """Launch :func:`gemm_tiled` over every task (serially below ``_SERIAL_FMAS``
     multiply-adds): ``nb`` products of the packed ``a`` (or, given ``a_where`` from
     :func:`a_operand`, ``a`` where it lies; ``apk`` is then ignored) with the packed
     ``b_i`` into the flat ``c``, plus ``bias`` along output axis ``bias_axis`` (0: one
-    value per row, 1: per column).  Returns the number of non-finite outputs (0 without
-    ``count`` and ``bias``: not counted).  K > 0."""
+    value per row, 1: per column).  ``cmaj``: the tasks numbered column panel first
+    (:func:`_column_major`; for a ``b`` packed tile-major to match).  Returns the
+    number of non-finite outputs (0 without ``count`` and ``bias``: not counted).
+    K > 0."""
     mode = (0 if count else 3) if bias is None else 1 + int(bias_axis)
     small = runs_serial(nb * M * N * K < _SERIAL_FMAS)
     pm, pn, tasks = _tasks(M, N, T, nb, 1 if small else num_threads())
@@ -658,9 +664,8 @@ def run_tiled(apk, bpk, bstep, c, cstep, ldc, M, N, K, T, nb=1, bias=None, bias_
     # b packed (k rows T apart, tiles K*T apart) or, given b_rows, read where it lies
     # (row-major, rows b_rows apart, tiles T apart)
     bk, btile = (b_rows, T) if b_rows else (T, K * T)
-    cmaj = int(_column_major(M, N, K, T, nb, 1 if small else num_threads(), small))
     gemm_tiled.run(tasks, 0 if small else gemm_tiled.limit, *a_where, readonly(bpk), bstep,
-                   bk, btile, c, cstep, ldc, M, N, K, T, pm, pn, cmaj,
+                   bk, btile, c, cstep, ldc, M, N, K, T, pm, pn, int(cmaj and not small),
                    _NO_BIAS if bias is None else bias, mode, bad)
     return 0 if mode == 3 else _total(bad)
 
@@ -766,6 +771,7 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
     a_where = None if not fresh and np.may_share_memory(out, a) else a_operand(a)
     apk = pack_a(a, packs_a) if a_where is None else None
     b_rows = 0
+    cm = False
     # like a, a b read in place must not be the output
     if b_in_place(b, M, N, K) and (fresh or not np.may_share_memory(out, b)):
         bpk, b_rows = b.reshape(-1), N
@@ -781,7 +787,7 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
             _pack_b.when_small(packs)(readonly(np.ascontiguousarray(b)), bpk, K, T)
     c = out if out.flags.c_contiguous else np.empty((M, N))
     bad = run_tiled(apk, bpk, 0, c.reshape(-1), 0, N, M, N, K, T, 1, bias,
-                    0 if bias_axis == 0 else 1, count, a_where, b_rows)
+                    0 if bias_axis == 0 else 1, count, a_where, b_rows, cm)
     if c is not out:
         out[...] = c
     return out, bad
