@@ -130,6 +130,17 @@ def _tile(vt, b, bbase, bk, asrc, ab, nk, dst, cb, cs, first, pf, sk, sj):
 
 
 @inlined
+def _grid_index(r, n0, n1, second_major):
+    """``(i0, i1)`` of task ``r`` on an ``n0 x n1`` grid numbered row-major (``i1`` the
+    faster), or column-major (``i0`` the faster) when ``second_major``."""
+    if second_major:
+        i1 = r // n0
+        return r - i1 * n0, i1
+    i0 = r // n1
+    return i0, r - i0 * n1
+
+
+@inlined
 def _fused(T, mode):
     """Whether :func:`_panel` finishes its interior tiles in registers: the widest tiles
     (``T == _T``) of a product with a bias or a count (``mode != 3``)."""
@@ -332,12 +343,7 @@ def gemm_tiled(apk, astep, ak, aj, aedge, bpk, bstep, bk, btile, c, cstep, ldc, 
     for t in range(t0, t1):
         i = t // (pm * pn)
         r = t - i * (pm * pn)
-        if cmaj:
-            rn = r // pm
-            rm = r - rn * pm
-        else:
-            rm = r // pn
-            rn = r - rm * pn
+        rm, rn = _grid_index(r, pm, pn, cmaj)
         b0 = rm * nmb // pm
         b1 = (rm + 1) * nmb // pm
         tb0 = rn * ntile // pn
@@ -433,12 +439,7 @@ def _pack_bt(bt, bpk, K, T, tmaj, t0, t1):
     kfull = K - K % _VW
     nch = -(-K // _PACK_ROWS)
     for t in range(t0, t1):
-        if tmaj:
-            tile = t // nch
-            ch = t - tile * nch
-        else:
-            ch = t // ntile
-            tile = t - ch * ntile
+        ch, tile = _grid_index(t, nch, ntile, tmaj)
         c0 = ch * _PACK_ROWS                  # a multiple of _VW
         c1 = min(K, c0 + _PACK_ROWS)
         n0 = tile * T
