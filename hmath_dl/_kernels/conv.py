@@ -811,14 +811,37 @@ def _launch_tiled(xp, wpk, Cog, geo, bias, has_bias, out5, fmas):
 
 
 @span_kernel(iterations=lambda x, pd, ph, pw, out: x.shape[0] * x.shape[1],
-             work=lambda x, pd, ph, pw, out: out.size)
+             work=lambda x, pd, ph, pw, out: out.size, scale=4)
 def pad_input(x, pd, ph, pw, out, t0, t1):
     """out[n, c] = x[n, c] placed at offset (pd, ph, pw) in zeros (out preallocated, at
     least as large as x plus the offsets on every axis); every element written once.
     A span kernel over the (n, c) planes (``t = n*C + c``, ``t0 .. t1-1``): called as
-    ``pad_input(x, pd, ph, pw, out)``."""
+    ``pad_input(x, pd, ph, pw, out)``; serial below ``4 * SERIAL_WORK`` output elements
+    (a parallel launch runs the span once per plane: 64 x 16 planes of 6 x 6 took 25 us
+    on two threads, 12 serially)."""
     N, C, D, H, W = x.shape
     Dp, Hp, Wp = out.shape[2], out.shape[3], out.shape[4]
+    if x.flags.c_contiguous and out.flags.c_contiguous:
+        # flat indices, the plane zeroed first, then its rows copied in (a row slice per
+        # padded row cost more than the copying on small planes: 64 x 16 planes of 4 x 4
+        # padded to 6 x 6, one thread, 28.7 -> 10.2 us, AVX-512)
+        xf = x.ravel()
+        of = out.ravel()
+        S = np.uint64(D * H * W)
+        Sp = np.uint64(Dp * Hp * Wp)
+        uW = np.uint64(W)
+        for t in range(np.uint64(t0), np.uint64(t1)):
+            ob = t * Sp
+            for q in range(Sp):
+                of[ob + q] = 0.0
+            src = t * S
+            for d in range(D):
+                for h in range(H):
+                    dst = ob + np.uint64(((d + pd) * Hp + h + ph) * Wp + pw)
+                    for w in range(uW):
+                        of[dst + w] = xf[src + w]
+                    src += uW
+        return
     for t in range(t0, t1):
         n = t // C
         c = t % C
