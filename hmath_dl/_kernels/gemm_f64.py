@@ -262,11 +262,11 @@ def _finish(c, cc, ldc, M, N, T, b0, b1, t0, t1, scr, bias, mode):
     ``+ bias[n]`` (``mode`` 2) -- one rounding after the chain, as ``c + bias`` --, and
     the number of those outputs that are not finite returned (``mode`` 3: no bias, no
     count; 0 returned) -- for every output of the task, or, when :func:`_panel` finished
-    the interior tiles in registers (:func:`_fused`), for the edge tiles' only: then only
-    the rows of the row-edge block and the columns of the column-edge tile are visited (and,
-    with ``mode`` 3, only those anyway)
-    (visiting every row of the task, a 64 x 64 x 64 product with a bias spent ~2 of its
-    ~11.5 us here).  Flat indices into ``c`` (no per-row slices)."""
+    the interior tiles in registers (:func:`_fused`), for the edge tiles' only.  Only
+    the rows that hold such outputs are visited -- the row-edge block's, and every row
+    only when the task has the column-edge tile or an unfused bias -- with flat indices
+    into ``c`` (visiting every row through a slice each, a 64 x 64 x 64 product with a
+    bias spent ~2 of its ~11.5 us here)."""
     nmb = (M + _CB - 1) // _CB
     ntile = (N + T - 1) // T
     redge = nmb - 1 if M % _CB else -1
