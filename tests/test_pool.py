@@ -43,15 +43,38 @@ def test_every_task_runs_exactly_once(n):
     assert _parallel(n).tolist() == list(range(1, n + 1))
 
 
-@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("where", ["first", "inside", "last"])
 def test_an_exception_in_a_task_reaches_the_caller(where):
     """A task that raises -- in the launching thread's own range (the first task) or in a
-    worker's (the last) -- is run again in the caller, whose exception propagates; the
-    pool serves the next launch."""
+    worker's (the last; ``inside``: within a run of tasks a thread claimed at once, not
+    its first) -- is run again in the caller, whose exception propagates; the pool
+    serves the next launch."""
     n = 64
     with pytest.raises(ValueError, match="on purpose"):
-        _parallel(n, 0 if where == "first" else n - 1)
+        _parallel(n, {"first": 0, "inside": n // 2 + 5, "last": n - 1}[where])
     assert _parallel(n).tolist() == list(range(1, n + 1))
+
+
+@_jit.span_kernel(iterations=lambda first: first.shape[0])
+def _runs(first, t0, t1):
+    """``first[t] = t0`` for the tasks ``t0 .. t1-1`` of one call."""
+    for t in range(t0, t1):
+        first[t] = t0
+
+
+def test_threads_claim_runs_of_tasks():
+    """Each claim takes a run of consecutive tasks (a quarter of what is left of a range)
+    and runs it in one call of the span helper: 1,000 tiny tasks take a few dozen calls,
+    each a run of consecutive tasks, together covering every task once."""
+    n = 1000
+    first = np.full(n, -1, dtype=np.int64)
+    with _jit.forced_schedule("parallel"):
+        _runs(first)
+    starts = np.flatnonzero(first == np.arange(n))
+    assert starts[0] == 0 and (first >= 0).all()
+    for a, b in zip(starts, list(starts[1:]) + [n]):
+        assert (first[a:b] == a).all()          # a run: every task points to its start
+    assert len(starts) <= 100, len(starts)      # one call per task would make 1,000
 
 
 def test_a_product_has_the_serial_bytes():

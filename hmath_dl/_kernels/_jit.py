@@ -550,8 +550,8 @@ _try3 = _call3_intrinsic(False)
 def _stash(typingctx, args, span):
     """``(p, tramp)``: ``p`` the address of a record ``{span, args}`` in this frame (the
     arrays in ``args`` without owners, :func:`_unowned`), ``tramp`` the address of a
-    function of this module, ``tramp(p, t, _)`` (Numba's calling convention) =
-    ``span(*args, t, t + 1)`` for the compiled span helper at the address ``span`` (its
+    function of this module, ``tramp(p, t0, t1)`` (Numba's calling convention) =
+    ``span(*args, t0, t1)`` for the compiled span helper at the address ``span`` (its
     argument types exactly ``args``' element types then two int64)."""
     if not (isinstance(args, nbtypes.BaseTuple) and isinstance(span, nbtypes.Integer)):
         return None
@@ -575,11 +575,11 @@ def _stash(typingctx, args, span):
             tramp.linkage = "internal"
             tb = ir.IRBuilder(tramp.append_basic_block("entry"))
             retptr, excinfo = tramp.args[0], tramp.args[1]
-            p_v, t_v = context.call_conv.get_arguments(tramp)[:2]
+            p_v, t_v, t1_v = context.call_conv.get_arguments(tramp)
             record = tb.load(tb.inttoptr(p_v, record_t.as_pointer()))
             targs = tb.extract_value(record, 1)
             vals = [tb.extract_value(targs, k) for k in range(len(args.types))]
-            vals += [t_v, tb.add(t_v, ir.Constant(i64, 1))]
+            vals += [t_v, t1_v]
             code = _span_call(context, tb, tb.extract_value(record, 0),
                               list(args.types) + [nbtypes.int64, nbtypes.int64],
                               vals, retptr, excinfo)
@@ -591,7 +591,7 @@ def _stash(typingctx, args, span):
 
 
 def _drive(p, n, tramp):
-    """``tramp(p, t, 0)`` for every ``t`` in ``prange(n)``: the one parallel driver of
+    """``tramp(p, t, t + 1)`` for every ``t`` in ``prange(n)``: the one parallel driver of
     every span kernel (one compilation: its arguments are three integers).
 
     An exception raised in a worker thread cannot leave a ``prange`` body cleanly
@@ -601,10 +601,10 @@ def _drive(p, n, tramp):
     and its exception propagates to the caller as it would from the serial path."""
     raised = np.zeros(n, dtype=np.int8)
     for t in prange(n):
-        raised[t] = _try3(tramp, p, t, 0)
+        raised[t] = _try3(tramp, p, t, t + 1)
     for t in range(n):
         if raised[t] != 0:
-            _call3(tramp, p, t, 0)
+            _call3(tramp, p, t, t + 1)
             raise RuntimeError("a span kernel raised in a worker thread, not when run again")
 
 
