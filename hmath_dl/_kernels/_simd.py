@@ -458,35 +458,42 @@ def _make_micro_cv(VC):
 
 
 
-def _prefetch(builder, p, write=True):
-    """A prefetch of the cache line at the pointer ``p`` into every cache level, with
-    write intent unless ``write`` is false (``llvm.prefetch``: a hint only; it never
-    faults, changes no value, and becomes a no-op on a target without prefetch
-    instructions)."""
+def _prefetch(builder, p, write=True, locality=3):
+    """A prefetch of the cache line at the pointer ``p`` into every cache level
+    (``locality`` 3; 2: into L2 and beyond, ``prefetcht1`` on x86), with write intent
+    unless ``write`` is false (``llvm.prefetch``: a hint only; it never faults, changes
+    no value, and becomes a no-op on a target without prefetch instructions)."""
     i8p = llvm_ir.IntType(8).as_pointer()
     i32 = llvm_ir.IntType(32)
     fn = cgutils.get_or_insert_function(
         builder.module, llvm_ir.FunctionType(llvm_ir.VoidType(), [i8p, i32, i32, i32]),
         "llvm.prefetch." + i8p.intrinsic_name)     # .p0i8 (typed pointers) or .p0
     builder.call(fn, [builder.bitcast(p, i8p), llvm_ir.Constant(i32, int(write)),
-                      llvm_ir.Constant(i32, 3), llvm_ir.Constant(i32, 1)])
+                      llvm_ir.Constant(i32, locality), llvm_ir.Constant(i32, 1)])
 
 
-@intrinsic
-def prefetch_read(typingctx, a, i):
-    """Prefetch the cache line of ``a[i]`` (a 1-D C-contiguous float64 array; ``i`` need
-    not be inside it: a hint never faults) for reading, into every cache level.  Changes
-    no value."""
-    if not _accepts(f64=(a,), ints=(i,)):
-        return None
-    sig = types.void(a, types.int64)
+def _make_prefetch(locality):
+    def prefetch(typingctx, a, i):
+        if not _accepts(f64=(a,), ints=(i,)):
+            return None
+        sig = types.void(a, types.int64)
 
-    def codegen(context, builder, signature, args):
-        _prefetch(builder, builder.gep(_data(context, builder, signature.args[0], args[0]),
-                                       [args[1]]), write=False)
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            _prefetch(builder, builder.gep(_data(context, builder, signature.args[0], args[0]),
+                                           [args[1]]), write=False, locality=locality)
+            return context.get_dummy_value()
 
-    return sig, codegen
+        return sig, codegen
+
+    return intrinsic(prefetch)
+
+
+#: ``prefetch_read(a, i)``: prefetch the cache line of ``a[i]`` (a 1-D C-contiguous
+#: float64 array; ``i`` need not be inside it: a hint never faults) for reading, into
+#: every cache level.  Changes no value.
+prefetch_read = _make_prefetch(3)
+#: ``prefetch_l2(a, i)``: as :func:`prefetch_read`, into L2 and beyond (not L1).
+prefetch_l2 = _make_prefetch(2)
 
 
 def _make_micro_acc(CB, V, f32=False, fused=True, widen=False, astrided=False,

@@ -32,7 +32,8 @@ from .. import _alloc
 from ..config import POOL
 from ._cpu import machine
 from ._jit import helper, inlined, kernel, num_threads, runs_serial, span_kernel
-from ._simd import _ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block
+from ._simd import (_ROW_MAXV, _VW, _fma, _make_interleave, _make_micro_acc, _transpose_block,
+                    prefetch_l2)
 from .views import readonly
 
 _CB = 6                     # rows of a per register block
@@ -200,6 +201,10 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
     if local:
         lo = (-bl.ctypes.data % 64) // 8    # 64-byte aligned start in bl
     count = 0
+    # a packed b: the next tile's chunk (the next chunk's first tile after the last) is
+    # prefetched into L2 while this tile's blocks run, a share of its lines per block
+    ahead = bk == T
+    nblk = b1 - b0
     for k0 in range(0, K, kc):
         nk = min(kc, K - k0)
         first = k0 == 0
@@ -207,6 +212,11 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
         for tile in range(t0, t1):
             vt = VE if tile == cedge else V
             bbase = bb + tile * btile + k0 * bk
+            if ahead:
+                nxt = (bbase + btile if tile + 1 < t1
+                       else bb + t0 * btile + (k0 + kc) * bk if k0 + kc < K else -1)
+                nl = (min(kc, K - k0 - kc) if tile + 1 == t1 else nk) * T // 8
+                per = (nl + nblk - 1) // nblk
             if local:
                 # unsigned indices: no negative-index test, so the copy vectorises
                 w = np.uint64(vt * _VW)
@@ -216,6 +226,9 @@ def _panel(apk, astep, ak, aj, aedge, bpk, bb, bk, btile, c, cc, ldc, M, N, K, T
                     for i in range(w):
                         bl[d0 + i] = bpk[s0 + i]
             for blk in range(b0, b1):
+                if ahead and nxt >= 0:
+                    for q in range((blk - b0) * per, min(nl, (blk - b0 + 1) * per)):
+                        prefetch_l2(bpk, nxt + q * 8)
                 if blk == redge and aedge.size:
                     asrc = aedge
                     ab = k0 * _CB
