@@ -124,24 +124,30 @@ def pack(xt, toff, poff, N, T, bpk, t0, t1):
     for tile in range(t0, t1):
         out = np.uint64(tile * K) * uT
         j0 = tile * T
+        # the tile's first column as (position, batch element): one division per tile,
+        # not per term (a division per term and run took most of the pass: 3x3
+        # 512->512 @7, batch 8, AVX2: 4608 x 49 tiles)
+        o0 = j0 // N
+        n0 = j0 - o0 * N
         for k in range(K):
             dst = out + np.uint64(k) * uT
             tk = np.uint64(toff[k])
             i = 0
+            o = o0
+            n = n0
             while i < T:
-                j = j0 + i
-                if j >= J:
+                if j0 + i >= J:
                     for q in range(np.uint64(i), uT):
                         bpk[dst + q] = 0.0
                     break
-                o = j // N
-                n = j - o * N
                 run = min(T - i, N - n)
                 src = (tk + np.uint64(poff[o])) * uN + np.uint64(n)
                 di = dst + np.uint64(i)
                 for q in range(np.uint64(run)):
                     bpk[di + q] = xf[src + q]
                 i += run
+                o += 1
+                n = 0
     return None
 
 
