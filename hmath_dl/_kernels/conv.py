@@ -817,8 +817,9 @@ def pad_input(x, pd, ph, pw, out, t0, t1):
     least as large as x plus the offsets on every axis); every element written once.
     A span kernel over the (n, c) planes (``t = n*C + c``, ``t0 .. t1-1``): called as
     ``pad_input(x, pd, ph, pw, out)``; serial below ``4 * SERIAL_WORK`` output elements
-    (a parallel launch runs the span once per plane: 64 x 16 planes of 6 x 6 took 25 us
-    on two threads, 12 serially)."""
+    (chosen when the pool called the span once per plane: 64 x 16 planes of 6 x 6 took
+    25 us on two threads, 12 serially; with the pool's runs of tasks a parallel launch
+    of them takes ~10 us, no faster than one thread, so the threshold stays)."""
     N, C, D, H, W = x.shape
     Dp, Hp, Wp = out.shape[2], out.shape[3], out.shape[4]
     if x.flags.c_contiguous and out.flags.c_contiguous:
