@@ -2,10 +2,11 @@
 
 A parallel span launch (:meth:`._jit.SpanKernel.run`) hands its tasks -- iterations
 ``t = 0 .. n-1``, a run of them ``tramp(p, t0, t1)`` (:func:`._jit._stash`) -- to this
-pool instead of a ``prange`` on Numba's threading layer.  The calling thread publishes the launch, takes
-tasks itself and waits until every task is done; ``numba.get_num_threads() - 1`` workers
-take the others.  Which thread runs a task never changes its bits (every span kernel's
-tasks are independent, each sums in its own fixed order).
+pool instead of a ``prange`` on Numba's threading layer.  The calling thread publishes
+the launch, takes tasks itself and waits until every task is done;
+``numba.get_num_threads() - 1`` workers take the others.  Which thread runs a task never
+changes its bits (every span kernel's tasks are independent, each sums in its own fixed
+order).
 
 Why a pool of its own.  Between two kernels of a training step the calling thread runs
 a few dozen microseconds of Python; Numba's TBB layer lets its workers go idle in that
