@@ -30,7 +30,7 @@ import numpy as np
 
 from ._jit import span_kernel
 from .views import readonly
-from .gemm_f64 import _CB, _pack_b, _workspace, a_operand, pack_a, run_tiled, tile_width
+from .gemm_f64 import _CB, _pack_b, _workspace, a_placed, run_tiled, tile_width
 
 _MAX_POSITIONS = 49      # output planes up to this many positions (7x7) take this path
 _MIN_COLUMNS = 64        # ... when P*N gives at least this many GEMM columns
@@ -262,8 +262,7 @@ def forward(x5, w5, bias, has_bias, groups, s, d, pads, out5):
         # the weights read where they lie (a_operand: C-contiguous rows; a pass less
         # over them, 1.7 of the 31 ms of a 3x3 512->512 @7, batch 8, AVX2), else packed
         # (serial below 64 Ki weights: a parallel launch costs more than the copy)
-        a_where = a_operand(w2[rows])
-        apk = pack_a(w2[rows], cog * R < (1 << 16)) if a_where is None else None
+        apk, a_where = a_placed(w2[rows], cog * R < (1 << 16))
         bad += run_tiled(apk, bpk, 0, flat[gi * cog * J:], 0, J, cog, J, R, T, 1,
                          bias[rows] if has_bias else None, 0, True, a_where)
     untranspose(yt, out5.reshape(N, Cout, P))
@@ -291,9 +290,8 @@ def input_gradient(g, w, groups, geo, dx):
         bpk = _workspace("b", -(-J // T) * cog * T)
         # b = gt's group rows [cog, J], packed as gemm_f64.gemm packs a C-contiguous b
         _pack_b.when_small(cog * J < (1 << 16))(readonly(gt[rows]), bpk, cog, T)
-        wt = w2[rows].T                 # read along its columns where a_operand allows
-        a_where = a_operand(wt)
-        apk = pack_a(wt, R * cog < (1 << 16)) if a_where is None else None
+        # W_g^T read along its columns where a_operand allows
+        apk, a_where = a_placed(w2[rows].T, R * cog < (1 << 16))
         run_tiled(apk, bpk, 0, dcols[gi * R:(gi + 1) * R].reshape(-1), 0, J, R, J, cog, T, 1,
                   None, 0, False, a_where)
     scratch = np.empty((C, dx[0, 0].size * N))

@@ -628,6 +628,14 @@ def a_operand(a):
     return readonly(flat), astep, ak, aj, readonly(aedge)
 
 
+def a_placed(a, packs=False):
+    """``(apk, a_where)`` for :func:`run_tiled`: ``a`` read where it lies
+    (:func:`a_operand`; ``apk`` None) or, where that declines, packed by :func:`pack_a`
+    (``a_where`` None; ``packs`` True: serially)."""
+    a_where = a_operand(a)
+    return (pack_a(a, packs) if a_where is None else None), a_where
+
+
 @helper
 def _edge_rows(flat, ak, aj, m0, e, aedge):
     """Rows ``m0 .. m0+e-1`` (``e < 6``) of ``a[i, k] = flat[i*aj + k*ak]`` packed into
@@ -782,8 +790,8 @@ def gemm(a, b, bias=None, bias_axis=1, out=None, tiled=None, count=True):
     packs_a = small or M * K < few
     packs = small or K * N < few
     # a read in place must not be the output (c is written while a is read)
-    a_where = None if not fresh and np.may_share_memory(out, a) else a_operand(a)
-    apk = pack_a(a, packs_a) if a_where is None else None
+    apk, a_where = ((pack_a(a, packs_a), None) if not fresh and np.may_share_memory(out, a)
+                    else a_placed(a, packs_a))
     b_rows = 0
     cm = False
     # like a, a b read in place must not be the output
